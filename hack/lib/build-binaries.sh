@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Builds (once per machine, cached by version) the control-plane binaries hack/cluster runs:
+# kube-apiserver, kube-controller-manager, kube-scheduler and etcd from the Go module proxy, helm with `go install`.
+# k8s.io/kubernetes replaces its staging modules with ./staging/..., which `go install pkg@version` refuses, so we
+# build inside a throw-away wrapper module that pins each staging module to its published v0.X.Y twin.
+set -euo pipefail
+
+K8S_VERSION=${FTJOB_K8S_VERSION:-v1.36.3}
+ETCD_VERSION=${FTJOB_ETCD_VERSION:-v3.6.16}
+HELM_VERSION=${FTJOB_HELM_VERSION:-v3.22.0}
+CACHE=${FTJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ftjob}
+BIN=$CACHE/bin/k8s-$K8S_VERSION
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+mkdir -p "$BIN"
+
+start=$(date +%s)
+log() { printf '[build %4ds] %s\n' "$(( $(date +%s) - start ))" "$*" >&2; }
+
+# Runs a long command while printing a heartbeat line every 30 s, so a cold build never looks hung.
+with_progress() {
+  local what=$1; shift
+  "$@" &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -0 "$pid" 2>/dev/null && log "still building $what ..."
+  done
+  wait "$pid"
+}
+
+build_kubernetes() {
+  local want=(kube-apiserver kube-controller-manager kube-scheduler) missing=0
+  for b in "${want[@]}"; do [ -x "$BIN/$b" ] || missing=1; done
+  [ $missing = 1 ] || return 0
+  log "building Kubernetes $K8S_VERSION (first time on this machine: expect many minutes on 2 cores)"
+  local work=$CACHE/src/k8s-wrapper-$K8S_VERSION
+  mkdir -p "$work"
+  local modfile
+  modfile=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  local minor=${K8S_VERSION#v1.}; local staging_version=v0.$minor
+  {
+    echo "module ftjob.local/k8s-wrapper"
+    echo
+    echo "go 1.26"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    # every `k8s.io/x => ./staging/src/k8s.io/x` of kubernetes' go.mod becomes `k8s.io/x => k8s.io/x v0.X.Y`
+    sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/k8s.io/[a-z0-9-]*#\1#p' "$modfile" |
+      while read -r m; do echo "replace $m => $m $staging_version"; done
+  } >"$work/go.mod"
+  cat >"$work/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+GO
+  (cd "$work" && log "resolving modules" && go mod tidy -e >/dev/null 2>&1 || true)
+  local major=1 minor_num=${minor%%.*}
+  local ld="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld="$ld -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor_num"
+    ld="$ld -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  for b in "${want[@]}"; do
+    [ -x "$BIN/$b" ] && continue
+    log "go build $b"
+    (cd "$work" && with_progress "$b" go build -trimpath -ldflags "$ld" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b")
+    mv "$BIN/$b.tmp" "$BIN/$b"
+    log "built $b"
+  done
+}
+
+build_etcd() {
+  [ -x "$BIN/etcd" ] && return 0
+  log "building etcd $ETCD_VERSION"
+  local work=$CACHE/src/etcd-wrapper-$ETCD_VERSION
+  mkdir -p "$work"
+  local modfile
+  modfile=$(cd "$work" && go mod download -json "go.etcd.io/etcd/server/v3@$ETCD_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  {
+    echo "module ftjob.local/etcd-wrapper"
+    echo
+    echo "go 1.26"
+    echo
+    echo "require go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+    sed -n 's#^\s*\(go.etcd.io/etcd/[a-z0-9/]*\) => \.\./.*#\1#p' "$modfile" |
+      while read -r m; do echo "replace $m => $m $ETCD_VERSION"; done
+  } >"$work/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' >"$work/tools.go"
+  (cd "$work" && go mod tidy -e >/dev/null 2>&1 || true)
+  (cd "$work" && with_progress etcd go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3)
+  mv "$BIN/etcd.tmp" "$BIN/etcd"
+  log "built etcd"
+}
+
+build_helm() {
+  [ -x "$BIN/helm" ] && return 0
+  log "building helm $HELM_VERSION"
+  GOBIN=$BIN.helm-tmp with_progress helm go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  mv "$BIN.helm-tmp/helm" "$BIN/helm" && rmdir "$BIN.helm-tmp"
+  log "built helm"
+}
+
+case "${1:-all}" in
+  all) build_etcd; build_kubernetes; build_helm ;;
+  kubernetes) build_kubernetes ;;
+  etcd) build_etcd ;;
+  helm) build_helm ;;
+  dir) echo "$BIN" ;;
+  *) echo "usage: $0 [all|kubernetes|etcd|helm|dir]" >&2; exit 2 ;;
+esac
+log "binaries ready in $BIN"
