@@ -1,0 +1,76 @@
+"""Shared fixtures: the real local cluster from hack/cluster (brought up here if it is not running), a fresh
+namespace per test, and the kubernetes clients for it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # lets tests import `helpers` from any directory
+
+from helpers import CLUSTER, state_dir
+
+
+@dataclass
+class Kube:
+    """Clients for the cluster under test (one ApiClient shared by the typed APIs)."""
+
+    kubeconfig: Path
+    api: client.ApiClient
+    core: client.CoreV1Api
+    apps: client.AppsV1Api
+    rbac: client.RbacAuthorizationV1Api
+    custom: client.CustomObjectsApi
+
+
+def ensure_cluster() -> Path:
+    """The kubeconfig of a healthy cluster; runs `hack/cluster up` (which repairs a partial one) if needed."""
+    if subprocess.run([str(CLUSTER), "status"], capture_output=True).returncode != 0:
+        print("\n[conftest] no healthy cluster: running hack/cluster up", flush=True)
+        proc = subprocess.run([str(CLUSTER), "up"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"hack/cluster up failed:\n{proc.stdout}\n{proc.stderr}")
+    return state_dir() / "kubeconfig"
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[Kube]:
+    kubeconfig = ensure_cluster()
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        yield Kube(
+            kubeconfig=kubeconfig,
+            api=api,
+            core=client.CoreV1Api(api),
+            apps=client.AppsV1Api(api),
+            rbac=client.RbacAuthorizationV1Api(api),
+            custom=client.CustomObjectsApi(api),
+        )
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the test, deleted (with everything in it) afterwards."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{stem}-{uuid.uuid4().hex[:5]}"
+    kube.core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"ftjob.dev/test": "1"}))
+    )
+    try:
+        yield name
+    finally:
+        try:
+            kube.core.delete_namespace(name, propagation_policy="Background")
+        except client.ApiException as e:
+            if e.status != 404:
+                raise

@@ -1,0 +1,61 @@
+"""Helpers every test may use: polling with a deadline (never bare sleeps) and calling the cluster tools."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = REPO / "hack" / "cluster"
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll `predicate` until it returns something truthy and return that; fail after `timeout` seconds.
+
+    An exception inside the predicate counts as "not yet" (the API may be briefly unavailable); the last value or
+    exception is reported in the failure so it says what was seen instead of what was wanted.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+            last = value
+        except Exception as e:  # a transient API error is a "not yet", never a pass
+            last = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+        time.sleep(interval)  # the poll interval of a deadline loop, not synchronisation
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("FTJOB_CLUSTER_DIR") or Path.home() / ".local/state/ftjob/cluster")
+
+
+def cluster(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `hack/cluster ARGS`; on failure the assertion shows its output."""
+    proc = subprocess.run([str(CLUSTER), *args], capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"hack/cluster {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the venv's kubectl against `kubeconfig`."""
+    from sys import executable
+
+    kubectl_bin = Path(executable).parent / "kubectl"
+    proc = subprocess.run(
+        [str(kubectl_bin), f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True, timeout=120
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
