@@ -15,11 +15,18 @@ CLUSTER = REPO / "hack" / "cluster"
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+    describe: Callable[[], object] | None = None,
+) -> T:
     """Poll `predicate` until it returns something truthy and return that; fail after `timeout` seconds.
 
     An exception inside the predicate counts as "not yet" (the API may be briefly unavailable); the last value or
-    exception is reported in the failure so it says what was seen instead of what was wanted.
+    exception is reported in the failure so it says what was seen instead of what was wanted; `describe`, if
+    given, adds more of the state (e.g. pod phases and events) to that message.
     """
     deadline = time.monotonic() + timeout
     last: object = None
@@ -32,12 +39,26 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
         except Exception as e:  # a transient API error is a "not yet", never a pass
             last = e
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+            context = ""
+            if describe is not None:
+                try:
+                    context = f"; state: {describe()}"
+                except Exception as e:
+                    context = f"; describing the state failed: {e!r}"
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}{context}")
         time.sleep(interval)  # the poll interval of a deadline loop, not synchronisation
 
 
 def state_dir() -> Path:
     return Path(os.environ.get("FTJOB_CLUSTER_DIR") or Path.home() / ".local/state/ftjob/cluster")
+
+
+def node_names() -> list[str]:
+    """The Node names of the cluster in state_dir(), from the settings `hack/cluster up` recorded."""
+    import json
+
+    settings = json.loads((state_dir() / "cluster.json").read_text())
+    return [f"{settings['netns_prefix']}-node-{n}" for n in range(1, settings["nodes"] + 1)]
 
 
 def cluster(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -75,7 +75,10 @@ def ensure(s: Settings, t0: float) -> None:
         cfg = agent_config(s, n)
         Path(cfg["state_dir"]).mkdir(parents=True, exist_ok=True)
         agent_config_path(s, n).write_text(json.dumps(cfg, indent=2) + "\n")
-        argv = ["ip", "netns", "exec", s.node_netns(n), f"{s.venv}/bin/python", str(agent)]
+        # nsenter switches only the network namespace. `ip netns exec` would also give the agent a private mount
+        # namespace, hiding the pod netns it creates (`ip netns add` mounts) from the host's `ip netns`/down/faults.
+        netns_path = netsetup.NETNS_DIR / s.node_netns(n)
+        argv = ["nsenter", f"--net={netns_path}", "--", f"{s.venv}/bin/python", str(agent)]
         argv += ["--config", str(agent_config_path(s, n))]
         procs.start(f"agent {s.node_name(n)}", argv, agent_log(s, n), agent_pid_file(s, n), env)
         print(f"[cluster {time.monotonic() - t0:5.1f}s] started node agent {s.node_name(n)}", flush=True)
@@ -99,13 +102,23 @@ def node_ready(s: Settings) -> dict[str, str]:
     return ready
 
 
+def default_service_account_exists(s: Settings) -> bool:
+    """Pods can only be created once the serviceaccount controller has made `default` in their namespace."""
+    try:
+        api_get(s, "/api/v1/namespaces/default/serviceaccounts/default")
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def wait_ready(s: Settings, t0: float, timeout_s: float = 120) -> None:
+    """Wait until every node is Ready and the `default` namespace can take pods."""
     want = [s.node_name(n) for n in range(1, s.nodes + 1)]
     deadline, last_note = time.monotonic() + timeout_s, 0.0
     while True:
         ready = node_ready(s)
         missing = [x for x in want if ready.get(x) != "True"]
-        if not missing:
+        if not missing and default_service_account_exists(s):
             print(f"[cluster {time.monotonic() - t0:5.1f}s] all {len(want)} nodes Ready", flush=True)
             return
         for n in range(1, s.nodes + 1):
