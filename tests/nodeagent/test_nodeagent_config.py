@@ -105,6 +105,7 @@ def test_missing_secret_keeps_the_container_waiting_with_a_clear_reason(kube: Ku
         container={"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]},
     )
     kube.core.create_namespaced_pod(namespace, manifest)
+
     def waiting_reason() -> str | None:
         statuses = kube.core.read_namespaced_pod("nosecret", namespace).status.container_statuses or []
         waiting = statuses[0].state.waiting if statuses else None

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
 import signal
+import time
 
 from .background import background
 from .config import AgentConfig
@@ -186,6 +188,10 @@ class Agent:
             )
             await server.start()
         log.info("node %s ready: %d pod(s) on this node", self.cfg.node_name, len(self.workers))
+        # Tells tools and tests that *this* agent process has registered, reconciled and serves (the Node's Ready
+        # condition alone cannot: a restarted agent finds it already True).
+        ready = {"pid": os.getpid(), "pods": len(self.workers), "since": time.time()}
+        (self.cfg.state_dir / "agent-ready.json").write_text(json.dumps(ready), encoding="utf-8")
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:

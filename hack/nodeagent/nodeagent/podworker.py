@@ -13,7 +13,7 @@ from .envvars import container_env
 from .kubeapi import ApiError
 from .network import NETNS_RUN_DIR, PodNet, host_veth_name, netns_name, setup_pod_network, teardown_pod_network
 from .podstatus import ConditionClock, pod_phase
-from .process import ContainerProcess
+from .process import ContainerProcess, stop_group
 from .state import ContainerRecord, PodRecord
 from .timeutil import now_rfc3339
 from .volumes import ConfigMissingError, VolumeBuilder, container_mounts
@@ -207,6 +207,8 @@ class PodWorker:
     async def _run(self) -> None:
         try:
             await self._setup_network()
+            if self.deleting:
+                return
             self.init_runners = [self._runner(c, True) for c in self.spec.get("initContainers") or []]
             self.runners = [self._runner(c, False) for c in self.spec.get("containers") or []]
             past_init = self._adopt() if self.record and self.record.containers else False
@@ -251,6 +253,8 @@ class PodWorker:
         log.info("pod %s finished: %s", self.key, self.status()["phase"])
 
     async def _teardown_network(self) -> None:
+        if self.net is None and self.record is not None and self.record.netns:
+            self.net = PodNet(self.record.netns, self.record.host_veth, self.record.ip)  # never adopted
         if self.net is None:
             return
         self.ctx.dns.remove_pod(self.net.netns)
@@ -331,6 +335,10 @@ class PodWorker:
                     await asyncio.wait_for(asyncio.shield(self.task), timeout=5.0)
                 except (TimeoutError, Exception):
                     self.task.cancel()
+            # Runners the setup built meanwhile, and processes recorded before an agent restart that no runner has
+            # adopted yet (the pod was deleted while the agent was down): they get the same SIGTERM and grace.
+            await asyncio.gather(*(r.stop(grace) for r in [*self.init_runners, *self.runners]))
+            await asyncio.gather(*(stop_group(p, grace) for p in self._unowned_processes()))
             await self._teardown_network()
         if not object_gone:
             await self._delete_object()
@@ -338,6 +346,13 @@ class PodWorker:
         self.ctx.status.forget(self.uid)
         shutil.rmtree(self.dir, ignore_errors=True)
         log.info("pod %s: deleted", self.key)
+
+    def _unowned_processes(self) -> list[ContainerProcess]:
+        if self.record is None:
+            return []
+        owned = {r.proc.pid for r in [*self.init_runners, *self.runners] if r.proc is not None}
+        procs = [ContainerProcess(c.pid, c.start_time, None) for c in self.record.containers.values()]
+        return [p for p in procs if p.pid not in owned and p.alive()]
 
     async def _delete_object(self) -> None:
         if not self.finished:
