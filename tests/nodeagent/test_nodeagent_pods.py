@@ -157,3 +157,22 @@ def test_failing_init_container_fails_the_pod_and_main_never_runs(kube: Kube, na
     assert done.status.init_container_statuses[0].state.terminated.exit_code == 7
     assert done.status.container_statuses[0].state.waiting is not None
     assert done.status.container_statuses[0].state.running is None
+
+
+def test_failing_liveness_probe_restarts_the_container(kube: Kube, namespace: str) -> None:
+    # Nothing listens on 8080, so the tcpSocket liveness probe fails and the agent must kill and restart the container.
+    manifest = pod(
+        "unhealthy",
+        "import time\nprint('up', flush=True)\ntime.sleep(3600)",
+        restart="Always",
+        container={"livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 2}},
+    )
+    kube.core.create_namespaced_pod(namespace, manifest)
+
+    def restarted() -> client.V1ContainerStatus | None:
+        statuses = kube.core.read_namespaced_pod("unhealthy", namespace).status.container_statuses or []
+        return statuses[0] if statuses and statuses[0].restart_count >= 1 else None
+
+    status = wait_for(restarted, 90, "the liveness probe to restart the container")
+    assert status.last_state.terminated.exit_code == 143  # SIGTERM: python's default action
+    assert "liveness" in status.last_state.terminated.message
