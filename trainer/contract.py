@@ -15,6 +15,10 @@ Lighthouse HTTP API (JSON bodies; every path except /healthz needs ``Authorizati
   GET  /v1/status          -> StatusResponse (see lighthouse docs)
   GET  /metrics            -> Prometheus text
   GET  /healthz            -> "ok" (no token)
+  GET  /v1/watch?group=G&incarnation=I&rank=R   WebSocket, one per rank: the client sends heartbeats
+                           {"step", "finished"?, "param_digest"?} (only rank 0's count); the server pushes
+                           {"quorum_id", "abort_below"} whenever a quorum in flight must abort (a member was evicted,
+                           timed out or disconnected). A closed watch drops its group at once (its process died).
 
 Errors are 4xx JSON ``{"error": "<what is wrong and how to fix it>"}`` and change no state.
 
@@ -22,13 +26,20 @@ QuorumRequest (from rank 0 of a group; its other ranks learn the answer inside t
   {"group": "1", "incarnation": "<unique per process start>", "step": <committed step>,
    "quorum_id": <last id seen, -1 at start>, "commit_failures": <failed commits since last quorum>,
    "address": "<ip>:<port> of this group's recovery server", "store_address": "<ip>:<port>",
-   "world_size": <ranks in the group>, "timeout_s": <long-poll bound>}
+   "world_size": <ranks in the group>, "timeout_s": <long-poll bound>,
+   optional: "addresses"/"store_addresses": [per-rank "<ip>:<port>"] (rank i pairs with rank i),
+   "want_members": bool (members list in the answer; off by default: it is O(groups) per answer),
+   "heal_seconds": <duration of this group's last live recovery, for metrics>}
 QuorumResponse:
-  {"quorum_id", "max_step", "members": [{"group", "step", "address", "store_address", "contributing"}...],
+  {"quorum_id", "max_step", "members" (only with want_members): [{"group", "step", "address", "store_address",
+   "contributing"}...],
    "replica_rank", "replica_world_size",           # this group's place among the members
    "contributing": bool, "contributor_rank", "num_contributors",  # data sharding / gradient divisor
    "heal": bool, "recover_from": {"group", "address", "step"} | null,
-   "store_address", "store_prefix"}                 # where the cross-group process group meets
+   "store_address", "store_prefix",                 # where the cross-group process group meets
+   "store_addresses": [per rank], "serve_recovery": bool (a healer copies from this group this step),
+   "abort_below": <in-flight quorums with a lower id must abort>}
+  (recover_from also carries "addresses": the source's per-rank recovery servers.)
 Heartbeat may carry {"finished": true, "param_digest": "<sha256>"} when a group has trained its last step; the
 status API reports them per group, and the operator uses them to declare the job Succeeded.
 """
@@ -95,6 +106,9 @@ PATH_DESIRED = "/v1/membership/desired"
 PATH_STATUS = "/v1/status"
 PATH_METRICS = "/metrics"
 PATH_HEALTH = "/healthz"
+PATH_WATCH = "/v1/watch"  # WebSocket: heartbeats up, abort signals down; closing it drops the group
+# Per-rank recovery server (trainer/recovery.py): a healing rank i copies model/optimizer state from rank i of a peer
+PATH_RECOVERY = "/v1/recovery"  # GET {PATH_RECOVERY}/{step}/manifest (JSON), {PATH_RECOVERY}/{step}/chunk/{i} (bytes)
 
 # Secret key holding the job's lighthouse token
 TOKEN_SECRET_KEY = "token"
