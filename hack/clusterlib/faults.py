@@ -29,9 +29,13 @@ def node_pids(s: Settings, n: int) -> list[int]:
         pids.add(agent.pid)
         pids.update(procs.descendants(agent.pid))
     pids.update(netsetup.netns_pids(s.node_netns(n)))
-    for record in _pod_records(s, n):
-        if record.get("netns"):
-            pids.update(netsetup.netns_pids(record["netns"]))
+    pod_netns = {r["netns"] for r in _pod_records(s, n) if r.get("netns")}
+    # a pod whose record is not written yet still has a netns named after its UID (the agent's naming rule)
+    for pod_dir in (s.node_dir(n) / "state" / "pods").glob("*"):
+        pod_netns.add(s.pod_netns_prefix + pod_dir.name.replace("-", "")[:10])
+    for ns in pod_netns:
+        if netsetup.netns_exists(ns):
+            pids.update(netsetup.netns_pids(ns))
     return sorted(pids)
 
 
