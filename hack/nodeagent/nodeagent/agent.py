@@ -89,16 +89,18 @@ class Agent:
         worker = self.workers.get(uid)
         if kind == "DELETED":
             if worker is not None:
-                worker.request_delete(0, object_gone=True)
+                self._stop_worker(worker, 0, object_gone=True)  # force-deleted: no grace left
             else:
                 self._forget_record(uid)
             return
         if worker is None:
             worker = self._new_worker(pod)
         if meta.get("deletionTimestamp"):
-            worker.request_delete(meta.get("deletionGracePeriodSeconds"))
-            assert worker._delete_task is not None
-            worker._delete_task.add_done_callback(lambda _t, u=uid: self._drop(u))
+            self._stop_worker(worker, meta.get("deletionGracePeriodSeconds"))
+
+    def _stop_worker(self, worker: PodWorker, grace_s: float | None, object_gone: bool = False) -> None:
+        if worker.request_delete(grace_s, object_gone):
+            worker.on_deleted(lambda: self._drop(worker.uid))
 
     def _new_worker(self, pod: dict) -> PodWorker:
         meta = pod["metadata"]

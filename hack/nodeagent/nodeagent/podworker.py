@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from collections.abc import Callable
 
 from .commands import container_argv
 from .container import ContainerRunner, LaunchSpec, RestartPolicy
@@ -302,9 +303,16 @@ class PodWorker:
             self.ctx.status.submit(self.uid, self.namespace, self.name, self.status())
 
     # --- deletion ---------------------------------------------------------------------------------------------
-    def request_delete(self, grace_s: float | None, object_gone: bool = False) -> None:
-        if self._delete_task is None:
-            self._delete_task = asyncio.create_task(self._delete(grace_s, object_gone), name=f"delete {self.key}")
+    def request_delete(self, grace_s: float | None, object_gone: bool = False) -> bool:
+        """Starts stopping and deleting the pod; False when that is already under way."""
+        if self._delete_task is not None:
+            return False
+        self._delete_task = asyncio.create_task(self._delete(grace_s, object_gone), name=f"delete {self.key}")
+        return True
+
+    def on_deleted(self, callback: Callable[[], None]) -> None:
+        assert self._delete_task is not None
+        self._delete_task.add_done_callback(lambda _task: callback())
 
     async def _pre_stop(self, grace_s: float) -> None:
         hooks = [
