@@ -1,9 +1,28 @@
-"""ftjob-operator entry point (placeholder until the operator lands)."""
+"""`ftjob-operator`: the command-line entry point."""
 
-import argparse
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from ftjob.operator.settings import parse
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ftjob-operator", description="The ftjob Kubernetes operator.")
-    parser.parse_args(argv)
-    return 0
+    settings = parse(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not settings.verbose:
+        for noisy in ("kopf.objects", "kopf.activities", "urllib3", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    from ftjob.operator.app import run  # imported late: --help stays fast
+
+    return asyncio.run(run(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Manifests (plain dicts) of everything the operator creates for a job. Pure: the same inputs give the same object.
+
+Owner references are added by the caller (kopf.adopt) so these stay testable without a job body.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from typing import Any
+
+from ftjob.operator import names
+from ftjob.operator.model import GroupState, JobSpec
+from ftjob.trainer import contract
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def common_labels(job: str, role: str) -> dict[str, str]:
+    return {contract.LABEL_JOB: job, contract.LABEL_ROLE: role, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+
+
+def token_secret(job: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": names.token_secret(job), "namespace": namespace, "labels": common_labels(job, "token")},
+        "type": "Opaque",
+        "stringData": {contract.TOKEN_SECRET_KEY: secrets.token_urlsafe(32)},
+    }
+
+
+def headless_service(name: str, namespace: str, labels: dict[str, str], selector: dict[str, str], port: int):
+    """No kube-proxy in the local cluster and none needed: headless, not-ready pods published (they rendezvous
+    before they are Ready), port == targetPort."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [{"name": "main", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def lighthouse_service(job: str, namespace: str) -> dict[str, Any]:
+    labels = common_labels(job, contract.ROLE_LIGHTHOUSE)
+    selector = {contract.LABEL_JOB: job, contract.LABEL_ROLE: contract.ROLE_LIGHTHOUSE}
+    return headless_service(names.lighthouse_service(job), namespace, labels, selector, contract.LIGHTHOUSE_PORT)
+
+
+def group_service(job: str, namespace: str, group: int) -> dict[str, Any]:
+    labels = {**common_labels(job, contract.ROLE_WORKER), contract.LABEL_GROUP: str(group)}
+    selector = {contract.LABEL_JOB: job, contract.LABEL_ROLE: contract.ROLE_WORKER, contract.LABEL_GROUP: str(group)}
+    return headless_service(names.group_service(job, group), namespace, labels, selector, contract.GROUP_MASTER_PORT)
+
+
+def lighthouse_url(job: str, namespace: str) -> str:
+    return f"http://{names.cluster_dns(names.lighthouse_service(job), namespace)}:{contract.LIGHTHOUSE_PORT}"
+
+
+def _token_env(job: str) -> dict[str, Any]:
+    ref = {"name": names.token_secret(job), "key": contract.TOKEN_SECRET_KEY}
+    return {"name": contract.ENV_TOKEN, "valueFrom": {"secretKeyRef": ref}}
+
+
+def _pod_ip_env(name: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank: int) -> dict[str, Any]:
+    """One rank of one generation of a replica group: the user's template plus identity, DNS, env and placement."""
+    template = spec.template
+    name = names.pod_name(job, group.index, group.generation, rank)
+    subdomain = names.group_service(job, group.index)
+    labels = {
+        **(template.get("metadata") or {}).get("labels", {}),
+        **common_labels(job, contract.ROLE_WORKER),
+        contract.LABEL_GROUP: str(group.index),
+        contract.LABEL_RANK: str(rank),
+        contract.LABEL_GENERATION: str(group.generation),
+    }
+    annotations = dict((template.get("metadata") or {}).get("annotations", {}))
+    pod_spec = copy.deepcopy(template.get("spec") or {})
+    pod_spec["hostname"] = name
+    pod_spec["subdomain"] = subdomain
+    pod_spec["restartPolicy"] = "Never"  # a group restarts as a whole, never one rank in place
+    if spec.pods_per_replica == 1:
+        master = _pod_ip_env(contract.ENV_MASTER_ADDR)  # a single rank meets itself: no DNS needed
+    else:
+        rank0 = names.pod_name(job, group.index, group.generation, 0)
+        master = {"name": contract.ENV_MASTER_ADDR, "value": names.cluster_dns(f"{rank0}.{subdomain}", namespace)}
+    env = [
+        {"name": contract.ENV_JOB_NAME, "value": job},
+        {"name": contract.ENV_NAMESPACE, "value": namespace},
+        {"name": contract.ENV_LIGHTHOUSE_URL, "value": lighthouse_url(job, namespace)},
+        _token_env(job),
+        {"name": contract.ENV_REPLICA_GROUP, "value": str(group.index)},
+        {"name": contract.ENV_REPLICAS, "value": str(spec.replicas)},
+        {"name": contract.ENV_MIN_REPLICAS, "value": str(spec.min_replicas)},
+        _pod_ip_env(contract.ENV_ADVERTISE_ADDR),
+        {"name": contract.ENV_RANK, "value": str(rank)},
+        {"name": contract.ENV_WORLD_SIZE, "value": str(spec.pods_per_replica)},
+        {"name": contract.ENV_LOCAL_RANK, "value": "0"},
+        master,
+        {"name": contract.ENV_MASTER_PORT, "value": str(contract.GROUP_MASTER_PORT)},
+    ]
+    ours = {e["name"] for e in env}
+    for container in pod_spec.get("containers") or []:
+        user_env = [e for e in container.get("env") or [] if e.get("name") not in ours]
+        container["env"] = user_env + env  # ours win: the contract must hold whatever the template says
+    if group.avoid_node:
+        pod_spec["affinity"] = _avoid_node(pod_spec.get("affinity"), group.avoid_node, group.avoid_required)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
+        "spec": pod_spec,
+    }
+
+
+def _avoid_node(affinity: dict[str, Any] | None, node: str, required: bool) -> dict[str, Any]:
+    """Add 'not on `node`' to the template's affinity: ANDed into every required term, or a preferred term."""
+    affinity = copy.deepcopy(affinity or {})
+    node_aff = affinity.setdefault("nodeAffinity", {})
+    expr = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": [node]}
+    if required:
+        req = node_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = req.setdefault("nodeSelectorTerms", [])
+        if not terms:
+            terms.append({})
+        for term in terms:
+            term.setdefault("matchExpressions", []).append(expr)
+    else:
+        preferred = node_aff.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+        preferred.append({"weight": 100, "preference": {"matchExpressions": [expr]}})
+    return affinity
+
+
+def lighthouse_pod(job: str, namespace: str, spec: JobSpec, generation: int) -> dict[str, Any]:
+    lh = spec.lighthouse
+    containers = (spec.template.get("spec") or {}).get("containers") or [{}]
+    image = lh.image or containers[0].get("image", "ftjob-trainer")
+    env = [
+        {"name": contract.ENV_LIGHTHOUSE_BIND, "value": f"0.0.0.0:{contract.LIGHTHOUSE_PORT}"},
+        {"name": contract.ENV_JOIN_TIMEOUT_S, "value": f"{lh.join_timeout_s:g}"},
+        {"name": contract.ENV_HEARTBEAT_TIMEOUT_S, "value": f"{lh.heartbeat_timeout_s:g}"},
+        {"name": contract.ENV_MIN_REPLICAS, "value": str(spec.min_replicas)},
+        {"name": contract.ENV_REPLICAS, "value": str(spec.replicas)},
+        {"name": contract.ENV_JOB_NAME, "value": job},
+        {"name": contract.ENV_NAMESPACE, "value": namespace},
+        _token_env(job),
+    ]
+    name = names.lighthouse_pod(job, generation)
+    container: dict[str, Any] = {
+        "name": "lighthouse",
+        "image": image,
+        "command": list(lh.command),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": contract.LIGHTHOUSE_PORT}],
+    }
+    if lh.resources:
+        container["resources"] = copy.deepcopy(lh.resources)
+    labels = {**common_labels(job, contract.ROLE_LIGHTHOUSE), contract.LABEL_GENERATION: str(generation)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "hostname": name,
+            "subdomain": names.lighthouse_service(job),
+            "restartPolicy": "Never",
+            "containers": [container],
+        },
+    }

@@ -1,0 +1,101 @@
+"""kopf registrations: indexes of the jobs' pods and of node readiness (the observed state), and event handlers
+that wake the affected job's worker at once. No change handlers: kopf never patches our objects, and no finalizer
+is ever added (see worker.py)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import kopf
+from ftjob.operator.jobs import JobRegistry
+from ftjob.operator.model import PodView
+from ftjob.trainer import contract
+
+REGISTRY = kopf.OperatorRegistry()
+MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+JOB = (contract.API_GROUP, contract.API_VERSION, contract.PLURAL)
+PREFIX = contract.API_GROUP  # kopf's own annotations live under ftjob.dev/, not kopf.zalando.org/
+
+
+@kopf.on.startup(registry=REGISTRY)
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    # A silent watch stream must not hide events for long: reconnect every few minutes, fail fast on dead TCP.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.posting.enabled = False  # we post our own Events; kopf's per-log-line Events would flood pods
+    settings.networking.request_timeout = 30
+    settings.execution.max_workers = 8
+
+
+@kopf.on.login(registry=REGISTRY)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    return kopf.login_via_client(**kwargs)
+
+
+@kopf.index("pods", labels=MANAGED, registry=REGISTRY)
+def ftjob_pods(
+    namespace: str, meta: Any, spec: Any, status: Any, labels: Any, **_: Any
+) -> dict[tuple[str, str], PodView] | None:
+    job = labels.get(contract.LABEL_JOB)
+    if not job:
+        return None
+    return {(namespace, job): PodView.from_pod(_plain(meta), _plain(spec), _plain(status))}
+
+
+@kopf.index("nodes", registry=REGISTRY)
+def ftjob_nodes(name: str, status: Any, **_: Any) -> dict[str, bool]:
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return {name: ready}
+
+
+@kopf.on.event("pods", labels=MANAGED, registry=REGISTRY)
+def pod_event(namespace: str, labels: Any, memo: kopf.Memo, **_: Any) -> None:
+    job = labels.get(contract.LABEL_JOB)
+    if job:
+        _jobs(memo).wake((namespace, job))
+
+
+@kopf.on.event("nodes", registry=REGISTRY)
+def node_event(name: str, status: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    seen: dict[str, bool] = memo.setdefault("node_ready_seen", {})
+    if seen.get(name) != ready:
+        seen[name] = ready
+        logger.info("node %s ready=%s", name, ready)
+        _jobs(memo).wake_all()
+
+
+@kopf.on.event(*JOB, registry=REGISTRY)
+async def job_event(
+    event: dict[str, Any],
+    body: Any,
+    namespace: str,
+    name: str,
+    memo: kopf.Memo,
+    ftjob_pods: kopf.Index[Any, Any],
+    ftjob_nodes: kopf.Index[Any, Any],
+    **_: Any,
+) -> None:
+    jobs = _jobs(memo)
+    jobs.bind_indexes(ftjob_pods, ftjob_nodes)
+    if event.get("type") == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+        await jobs.remove((namespace, name))
+        return
+    await jobs.upsert((namespace, name), _plain(body))
+
+
+def _jobs(memo: kopf.Memo) -> JobRegistry:
+    return memo["jobs"]
+
+
+def _plain(view: Any) -> dict[str, Any]:
+    """A detached plain copy of a kopf body view (the worker keeps it beyond the handler call)."""
+    return copy.deepcopy(dict(view)) if view is not None else {}

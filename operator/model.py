@@ -1,0 +1,233 @@
+"""The operator's view of one job: its parsed spec, what it remembers (persisted in status) and what it observes.
+
+Everything here is plain data with no Kubernetes client, so the planner built on it is unit-testable.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftjob.trainer import contract
+
+ACTION_RESTART_GROUP = "RestartGroup"
+ACTION_FAIL_JOB = "FailJob"
+ACTION_IGNORE = "Ignore"
+
+OUTCOME_SUCCEEDED = "Succeeded"
+OUTCOME_FAILED = "Failed"
+
+
+# --- spec ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExitCodeRule:
+    """`failurePolicy.rules[]`: when a container exits with one of these codes (or not, for NotIn), do `action`."""
+
+    action: str
+    operator: str  # "In" | "NotIn"
+    values: frozenset[int]
+    container_name: str | None = None
+
+    def matches(self, container: str, exit_code: int) -> bool:
+        if self.container_name and self.container_name != container:
+            return False
+        return (exit_code in self.values) == (self.operator == "In")
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    max_restarts_per_group: int = 3
+    restart_window_s: float = 600.0
+    max_total_restarts: int = 20
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    rules: tuple[ExitCodeRule, ...] = ()
+
+    def action_for_exit(self, container: str, exit_code: int) -> str:
+        """The first matching rule's action; RestartGroup when no rule matches."""
+        for rule in self.rules:
+            if rule.matches(container, exit_code):
+                return rule.action
+        return ACTION_RESTART_GROUP
+
+
+@dataclass(frozen=True)
+class LighthouseSpec:
+    image: str | None = None
+    command: tuple[str, ...] = ("ftjob-trainer", "lighthouse")
+    resources: dict[str, Any] = field(default_factory=dict)
+    join_timeout_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    replicas: int
+    min_replicas: int
+    pods_per_replica: int
+    spare_replicas: int
+    template: dict[str, Any]
+    failure_policy: FailurePolicy
+    lighthouse: LighthouseSpec
+    suspend: bool = False
+    ttl_seconds_after_finished: int | None = None
+
+    @property
+    def total_groups(self) -> int:
+        """Contributing groups plus warm spares: the groups that get pods."""
+        return self.replicas + self.spare_replicas
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
+        """Parse `.spec` with the CRD's defaults (the apiserver applies them too; this keeps unit tests honest)."""
+        fp = spec.get("failurePolicy") or {}
+        backoff = fp.get("backoff") or {}
+        rules = tuple(
+            ExitCodeRule(
+                action=r["action"],
+                operator=(r.get("onExitCodes") or {}).get("operator", "In"),
+                values=frozenset(int(v) for v in (r.get("onExitCodes") or {}).get("values", [])),
+                container_name=(r.get("onExitCodes") or {}).get("containerName"),
+            )
+            for r in fp.get("rules") or []
+        )
+        lh = spec.get("lighthouse") or {}
+        command = lh.get("command") or ["ftjob-trainer", "lighthouse"]
+        ttl = spec.get("ttlSecondsAfterFinished")
+        return cls(
+            replicas=int(spec.get("replicas", 1)),
+            min_replicas=int(spec.get("minReplicas", 1)),
+            pods_per_replica=int(spec.get("podsPerReplica", 1)),
+            spare_replicas=int(spec.get("spareReplicas", 0)),
+            template=copy.deepcopy(spec.get("template") or {}),
+            failure_policy=FailurePolicy(
+                max_restarts_per_group=int(fp.get("maxRestartsPerGroup", 3)),
+                restart_window_s=float(fp.get("restartWindowSeconds", 600)),
+                max_total_restarts=int(fp.get("maxTotalRestarts", 20)),
+                backoff_base_s=float(backoff.get("baseSeconds", 1)),
+                backoff_max_s=float(backoff.get("maxSeconds", 60)),
+                rules=rules,
+            ),
+            lighthouse=LighthouseSpec(
+                image=lh.get("image"),
+                command=tuple(command),
+                resources=copy.deepcopy(lh.get("resources") or {}),
+                join_timeout_s=float(lh.get("joinTimeoutSeconds", 1)),
+                heartbeat_timeout_s=float(lh.get("heartbeatTimeoutSeconds", 5)),
+            ),
+            suspend=bool(spec.get("suspend", False)),
+            ttl_seconds_after_finished=None if ttl is None else int(ttl),
+        )
+
+
+# --- what the operator remembers (round-trips through .status) ----------------------------------------------------
+@dataclass
+class GroupState:
+    index: int
+    generation: int = 0
+    restarts: int = 0
+    restart_times: list[float] = field(default_factory=list)  # epoch seconds of counted restarts, pruned to window
+    avoid_node: str | None = None  # the node this generation must (or should) not land on
+    avoid_required: bool = False  # hard anti-affinity (node lost) vs preferred (pod failed there)
+    not_before: float = 0.0  # back-off: this generation's pods are not created before this time
+    failed_at: float | None = None  # when the failure that started this generation was seen (recovery metric)
+    last_failure: str = ""
+    all_pods_seen: bool = False  # every pod of this generation was observed once: a missing one was deleted
+
+
+@dataclass
+class JobState:
+    groups: dict[int, GroupState] = field(default_factory=dict)
+    retired_generations: dict[int, int] = field(default_factory=dict)  # index -> last generation used (scale-down)
+    lighthouse_generation: int = 0
+    lighthouse_seen: bool = False
+    total_restarts: int = 0
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    suspended: bool = False
+    outcome: str | None = None  # OUTCOME_SUCCEEDED | OUTCOME_FAILED: terminal, never undone
+    outcome_reason: str = ""
+    outcome_message: str = ""
+    start_time: float | None = None
+    completion_time: float | None = None
+    completing_since: float | None = None  # first group finished training: no more restarts
+
+    def copy(self) -> JobState:
+        return copy.deepcopy(self)
+
+
+# --- what the operator observes (from kopf's indexes) -------------------------------------------------------------
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    role: str
+    group: int | None
+    rank: int | None
+    generation: int
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    ready: bool
+    node: str | None
+    ip: str | None
+    deletion_time: float | None  # metadata.deletionTimestamp as epoch seconds (Terminating)
+    reason: str  # status.reason, e.g. "Evicted"
+    exit_code: int | None  # first non-zero terminated exit code (0 when all exited cleanly)
+    exit_container: str | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @classmethod
+    def from_pod(cls, meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any]) -> PodView:
+        labels = meta.get("labels") or {}
+        exit_code: int | None = None
+        exit_container: str | None = None
+        for cs in status.get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            if term is None:
+                continue
+            code = int(term.get("exitCode", 0))
+            if exit_code is None or (exit_code == 0 and code != 0):
+                exit_code, exit_container = code, cs.get("name")
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        deletion = meta.get("deletionTimestamp")
+        return cls(
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            role=labels.get(contract.LABEL_ROLE, ""),
+            group=_int_or_none(labels.get(contract.LABEL_GROUP)),
+            rank=_int_or_none(labels.get(contract.LABEL_RANK)),
+            generation=_int_or_none(labels.get(contract.LABEL_GENERATION)) or 0,
+            phase=status.get("phase") or "Pending",
+            ready=ready,
+            node=spec.get("nodeName"),
+            ip=status.get("podIP"),
+            deletion_time=parse_time(deletion) if deletion else None,
+            reason=status.get("reason") or "",
+            exit_code=exit_code,
+            exit_container=exit_container,
+        )
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+# --- time helpers (status uses RFC 3339, memory uses epoch seconds) -----------------------------------------------
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def format_time(epoch: float | None, precise: bool = False) -> str | None:
+    """RFC 3339; `precise` keeps microseconds (budget windows and back-off deadlines need sub-second times)."""
+    if epoch is None:
+        return None
+    fmt = "%Y-%m-%dT%H:%M:%S.%fZ" if precise else "%Y-%m-%dT%H:%M:%SZ"
+    return dt.datetime.fromtimestamp(epoch, tz=dt.UTC).strftime(fmt)

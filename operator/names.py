@@ -1,0 +1,30 @@
+"""Deterministic names of everything the operator creates for a job: the same inputs always give the same name,
+so create-if-absent is idempotent and a restarted operator can never make a duplicate."""
+
+from __future__ import annotations
+
+
+def pod_name(job: str, group: int, generation: int, rank: int) -> str:
+    """Worker pod: unique per (group, generation, rank); also its hostname under the group's Service."""
+    return f"{job}-g{group}-{generation}-r{rank}"
+
+
+def group_service(job: str, group: int) -> str:
+    """Headless Service giving a group's pods DNS names for their in-group rendezvous (the pods' subdomain)."""
+    return f"{job}-g{group}"
+
+
+def lighthouse_pod(job: str, generation: int) -> str:
+    return f"{job}-lighthouse-{generation}"
+
+
+def lighthouse_service(job: str) -> str:
+    return f"{job}-lighthouse"
+
+
+def token_secret(job: str) -> str:
+    return f"{job}-ftjob-token"
+
+
+def cluster_dns(name: str, namespace: str) -> str:
+    return f"{name}.{namespace}.svc.cluster.local"

@@ -1,0 +1,200 @@
+"""The job's .status: aggregated from the plan, the pods and the lighthouse, and read back into JobState.
+
+status.replicaGroups[] doubles as the operator's durable memory (generation, restart times, back-off) so a
+restarted or newly elected operator continues exactly where the last one stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftjob.operator import plan as P
+from ftjob.operator.lighthouse_view import LighthouseView
+from ftjob.operator.model import (
+    OUTCOME_FAILED,
+    OUTCOME_SUCCEEDED,
+    GroupState,
+    JobSpec,
+    JobState,
+    PodView,
+    format_time,
+    parse_time,
+)
+from ftjob.trainer import contract
+
+CONDITION_TYPES = ("Created", "Running", "Degraded", "Recovering", "Suspended", "Succeeded", "Failed")
+
+
+def state_from_status(status: dict[str, Any] | None) -> JobState:
+    status = status or {}
+    s = JobState()
+    for g in status.get("replicaGroups") or []:
+        idx = int(g["index"])
+        s.groups[idx] = GroupState(
+            index=idx,
+            generation=int(g.get("generation", 0)),
+            restarts=int(g.get("restarts", 0)),
+            restart_times=[t for t in (parse_time(x) for x in g.get("restartTimes") or []) if t is not None],
+            avoid_node=g.get("avoidNode"),
+            avoid_required=bool(g.get("avoidNodeRequired", False)),
+            not_before=parse_time(g.get("notBefore")) or 0.0,
+            failed_at=parse_time(g.get("failedAt")),
+            last_failure=g.get("lastFailure") or "",
+            all_pods_seen=bool(g.get("allPodsSeen", False)),
+        )
+    s.retired_generations = {int(k): int(v) for k, v in (status.get("retiredGenerations") or {}).items()}
+    lh = status.get("lighthouse") or {}
+    s.lighthouse_generation = int(lh.get("generation", 0))
+    s.lighthouse_seen = bool(lh.get("seen", False))
+    s.total_restarts = int(status.get("totalRestarts", 0))
+    s.restarts_by_reason = {str(k): int(v) for k, v in (status.get("restartsByReason") or {}).items()}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    s.suspended = (conditions.get("Suspended") or {}).get("status") == "True"
+    for outcome in (OUTCOME_FAILED, OUTCOME_SUCCEEDED):
+        c = conditions.get(outcome) or {}
+        if c.get("status") == "True":
+            s.outcome, s.outcome_reason, s.outcome_message = outcome, c.get("reason", ""), c.get("message", "")
+            break
+    s.start_time = parse_time(status.get("startTime"))
+    s.completion_time = parse_time(status.get("completionTime"))
+    s.completing_since = parse_time(status.get("completingSince"))
+    return s
+
+
+def build_status(
+    *,
+    job: str,
+    spec: JobSpec,
+    state: JobState,
+    phases: dict[int, str],
+    pods: list[PodView],
+    lighthouse: LighthouseView | None,
+    previous: dict[str, Any] | None,
+    generation: int | None,
+    now: float,
+) -> dict[str, Any]:
+    lh_groups = lighthouse.groups if lighthouse else {}
+    groups_out: list[dict[str, Any]] = []
+    running = 0
+    for idx in sorted(state.groups):
+        g = state.groups[idx]
+        mine = sorted(
+            (p for p in pods if p.role == contract.ROLE_WORKER and p.group == idx and p.generation == g.generation),
+            key=lambda p: p.rank or 0,
+        )
+        phase = phases.get(idx, P.PHASE_PENDING)
+        if phase == P.PHASE_RUNNING:
+            running += 1
+        info = lh_groups.get(str(idx))
+        contributing = info.contributing if info else None
+        entry: dict[str, Any] = {
+            "index": idx,
+            "phase": phase,
+            "generation": g.generation,
+            "restarts": g.restarts,
+            "pods": [p.name for p in mine],
+            "node": next((p.node for p in mine if p.node), None),
+            "step": info.step if info else None,
+            "contributing": contributing,
+            "spare": None if contributing is None else (not contributing and phase == P.PHASE_RUNNING),
+            "finished": info.finished if info else None,
+            "paramDigest": info.param_digest if info else None,
+            "restartTimes": [format_time(t, precise=True) for t in g.restart_times],
+            "avoidNode": g.avoid_node,
+            "avoidNodeRequired": g.avoid_required,
+            "notBefore": format_time(g.not_before, precise=True) if g.not_before else None,
+            "failedAt": format_time(g.failed_at, precise=True),
+            "lastFailure": g.last_failure or None,
+            "allPodsSeen": g.all_pods_seen,
+        }
+        groups_out.append({k: v for k, v in entry.items() if v is not None})
+
+    conditions = _conditions(spec, state, phases, running, previous, generation, now)
+    summary = next((c["type"] for c in reversed(conditions) if c["status"] == "True" and c["type"] != "Created"), None)
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "phase": summary or "Created",
+        "conditions": conditions,
+        "replicas": min(running, spec.replicas),
+        "readyReplicas": running,
+        "ready": f"{running}/{spec.total_groups}",
+        "selector": f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_WORKER}",
+        "replicaGroups": groups_out,
+        "retiredGenerations": {str(k): v for k, v in state.retired_generations.items()},
+        "lighthouse": {"generation": state.lighthouse_generation, "seen": state.lighthouse_seen},
+        "totalRestarts": state.total_restarts,
+        "restartsByReason": dict(state.restarts_by_reason),
+        "startTime": format_time(state.start_time),
+        "completionTime": format_time(state.completion_time),
+        "completingSince": format_time(state.completing_since),
+    }
+    if lighthouse is not None and lighthouse.quorum_id is not None:
+        status["quorum"] = {"id": lighthouse.quorum_id, "size": lighthouse.quorum_size, "step": lighthouse.step}
+    elif previous and previous.get("quorum"):
+        status["quorum"] = previous["quorum"]  # keep the last known quorum (e.g. after the lighthouse stopped)
+    return status
+
+
+def _conditions(
+    spec: JobSpec,
+    state: JobState,
+    phases: dict[int, str],
+    running: int,
+    previous: dict[str, Any] | None,
+    generation: int | None,
+    now: float,
+) -> list[dict[str, Any]]:
+    active = state.outcome is None and not state.suspended
+    down = sorted(i for i, p in phases.items() if p != P.PHASE_RUNNING)
+    recovering = sorted(i for i, g in state.groups.items() if g.failed_at is not None and active)
+    want: dict[str, tuple[bool, str, str]] = {
+        "Created": (True, "ResourcesCreated", "the lighthouse, Services and worker pods were created"),
+        "Running": (
+            active and running >= spec.min_replicas,
+            "QuorumPossible" if active and running >= spec.min_replicas else "NotEnoughGroups",
+            f"{running} of {spec.total_groups} replica groups running (minReplicas={spec.min_replicas})",
+        ),
+        "Degraded": (
+            active and running < spec.replicas,
+            "GroupsDown" if active and running < spec.replicas else "AllGroupsUp",
+            f"replica groups not running: {down}" if down else "every replica group is running",
+        ),
+        "Recovering": (
+            bool(recovering),
+            "ReplacingGroups" if recovering else "NoRecovery",
+            f"replica groups being replaced: {recovering}" if recovering else "no replica group is being replaced",
+        ),
+        "Suspended": (
+            state.suspended and state.outcome is None,
+            "JobSuspended" if state.suspended else "JobNotSuspended",
+            "spec.suspend is true" if state.suspended else "spec.suspend is false",
+        ),
+        "Succeeded": (
+            state.outcome == OUTCOME_SUCCEEDED,
+            state.outcome_reason if state.outcome == OUTCOME_SUCCEEDED else "NotFinished",
+            state.outcome_message if state.outcome == OUTCOME_SUCCEEDED else "training has not finished",
+        ),
+        "Failed": (
+            state.outcome == OUTCOME_FAILED,
+            state.outcome_reason if state.outcome == OUTCOME_FAILED else "NotFailed",
+            state.outcome_message if state.outcome == OUTCOME_FAILED else "the job has not failed",
+        ),
+    }
+    old = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
+    out = []
+    for ctype in CONDITION_TYPES:
+        ok, reason, message = want[ctype]
+        value = "True" if ok else "False"
+        prior = old.get(ctype)
+        changed = prior is None or prior.get("status") != value
+        out.append(
+            {
+                "type": ctype,
+                "status": value,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": format_time(now) if changed else prior.get("lastTransitionTime"),
+                "observedGeneration": generation,
+            }
+        )
+    return out

@@ -1,0 +1,319 @@
+"""One asyncio task per job: wake on any event of the job or its pods, plan, act, write status.
+
+Why not kopf.daemon: kopf daemons put a finalizer on the job, so deleting a job would hang while the operator is
+down. This task needs none: owner references and the garbage collector remove the job's objects.
+
+Order of effects in one reconcile (each step idempotent, so a crash anywhere is repaired by the next run):
+  1. tell the lighthouse about evictions (the most time-critical signal; safe to repeat),
+  2. persist status when a generation changed (before pods are touched: a restart is never forgotten),
+  3. delete and create pods concurrently (deterministic names; 409/404 tolerated), ensure Services,
+  4. announce starting groups and the desired contributor count to the lighthouse, post Events,
+  5. write the aggregated status (coalesced).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ftjob.operator import builders, metrics, names
+from ftjob.operator.kubeapi import KubeApi
+from ftjob.operator.lighthouse_client import LighthouseClient, base_url
+from ftjob.operator.lighthouse_view import LighthouseView
+from ftjob.operator.model import JobSpec, JobState, PodView
+from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, Actions, Observed, Result, plan
+from ftjob.operator.status import build_status, state_from_status
+from ftjob.trainer import contract
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger("ftjob.operator.worker")
+
+RESYNC_S = 10.0  # reconcile at least this often even with no events (a level-based safety net)
+LIGHTHOUSE_POLL_S = 2.0
+STATUS_MIN_INTERVAL_S = 0.5
+RETRY_S = 0.5
+ERROR_BACKOFF_S = 2.0
+
+
+class JobWorker:
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        body: dict[str, Any],
+        kube: KubeApi,
+        lighthouse: LighthouseClient,
+        pods: Mapping[Any, Any],
+        nodes: Mapping[Any, Any] | None,
+        on_phase: Any,
+    ) -> None:
+        self.namespace, self.name = namespace, name
+        self.body = body
+        self.kube, self.lighthouse = kube, lighthouse
+        self.pod_index, self.node_index = pods, nodes
+        self.on_phase = on_phase  # callback(key, phase | None): feeds the jobs-by-condition gauge
+        self.wake_event = asyncio.Event()
+        self.state: JobState | None = None
+        self.deleting: set[str] = set()
+        self.token: str | None = None
+        self.services_ok: set[str] = set()
+        self.pending_starting: set[int] = set()
+        self.desired_acked: tuple[str, int] | None = None
+        self.lh_view: LighthouseView | None = None
+        self.lh_polled = 0.0
+        self.lh_retry_at = 0.0
+        self.last_status: dict[str, Any] | None = (body.get("status") or None) and dict(body["status"])
+        self.last_status_write = 0.0
+        self.task: asyncio.Task[None] | None = None
+        self.background: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle --------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"ftjob:{self.namespace}/{self.name}")
+
+    def update(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.wake()
+
+    def wake(self) -> None:
+        self.wake_event.set()
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+        self.on_phase((self.namespace, self.name), None)
+
+    async def _run(self) -> None:
+        delay = 0.0
+        while True:
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake_event.wait(), timeout=delay)
+            self.wake_event.clear()
+            started = time.monotonic()
+            try:
+                delay = await self.reconcile()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                kind = f"api{e.status}" if isinstance(e, ApiException) else type(e).__name__
+                metrics.RECONCILE_ERRORS.labels(kind).inc()
+                log.exception("reconcile of %s/%s failed; retrying in %ss", self.namespace, self.name, ERROR_BACKOFF_S)
+                delay = ERROR_BACKOFF_S
+            finally:
+                metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+            if delay < 0:
+                return  # the job is gone
+
+    # --- one reconcile ----------------------------------------------------------------------------------------------
+    def _observe(self) -> list[PodView]:
+        store = self.pod_index.get((self.namespace, self.name))
+        return list(store) if store else []
+
+    def _node_ready(self) -> dict[str, bool] | None:
+        if not self.node_index:
+            return None  # nodes not watchable (or none yet): never call a node lost on no evidence
+        return {name: all(store) for name, store in self.node_index.items()}
+
+    async def reconcile(self) -> float:
+        """Returns the delay until the next reconcile (a wake-up comes sooner), or -1 when the job was deleted."""
+        body = self.body
+        spec = JobSpec.from_dict(body.get("spec") or {})
+        if self.state is None:
+            self.state = state_from_status(body.get("status"))
+        pods = self._observe()
+        present = {p.name for p in pods}
+        self.deleting &= present
+        now = time.time()
+        await self._poll_lighthouse(pods, now)
+        finished = self.lh_view.finished_groups if self.lh_view else set()
+        obs = Observed(pods, self._node_ready(), set(self.deleting), now, finished)
+        result = plan(self.name, spec, self.state, obs)
+        a = result.actions
+        lh_base = self._lighthouse_base(pods, self.state)
+        if result.state.outcome is not None and self.state.outcome is None:
+            await self._poll_lighthouse(pods, now, force=True)  # final steps and digests, before it is stopped
+
+        if a.evict:
+            await self._evict(lh_base, a)
+        if self.token is None and result.state.outcome is None:
+            await self._ensure_token()
+        self.state = result.state
+        if a.persist_first:
+            await self._write_status(spec, result, pods, force=True)
+        await self._apply_pods(spec, result)
+        await self._apply_services(spec, a)
+        if a.starting:
+            self.pending_starting.update(a.starting)
+        retry = await self._tell_lighthouse(self._lighthouse_base(pods, result.state), spec, result)
+        for ev in a.events:
+            task = asyncio.create_task(self.kube.post_event(body, ev.type, ev.reason, ev.message))
+            self.background.add(task)  # Events go out without delaying the reconcile
+            task.add_done_callback(self.background.discard)
+            log.info("%s/%s %s: %s", self.namespace, self.name, ev.reason, ev.message)
+        for reason in a.restarts:
+            metrics.GROUP_RESTARTS.labels(reason).inc()
+        for seconds in a.recovered:
+            metrics.RECOVERY_SECONDS.observe(seconds)
+        status_wait = await self._write_status(spec, result, pods, force=False)
+        if a.delete_job:
+            log.info("%s/%s: ttlSecondsAfterFinished passed; deleting the job", self.namespace, self.name)
+            await self.kube.delete_job(self.namespace, self.name)
+            return -1
+        waits = [RESYNC_S, status_wait]
+        if a.requeue_after is not None:
+            waits.append(a.requeue_after)
+        if retry:
+            waits.append(RETRY_S)
+        if result.state.outcome is None:
+            waits.append(LIGHTHOUSE_POLL_S)
+        return max(0.0, min(w for w in waits if w is not None))
+
+    # --- lighthouse -------------------------------------------------------------------------------------------------
+    def _lighthouse_base(self, pods: list[PodView], state: JobState) -> str | None:
+        name = names.lighthouse_pod(self.name, state.lighthouse_generation)
+        for p in pods:
+            if p.name == name and p.ip and p.phase == "Running" and p.deletion_time is None:
+                return base_url(p.ip)
+        return None
+
+    async def _poll_lighthouse(self, pods: list[PodView], now: float, force: bool = False) -> None:
+        if self.state is None or self.token is None or (not force and now - self.lh_polled < LIGHTHOUSE_POLL_S):
+            return
+        base = self._lighthouse_base(pods, self.state)
+        if base is None:
+            return
+        self.lh_polled = now
+        view = await self.lighthouse.status(base, self.token)
+        metrics.LIGHTHOUSE_CALLS.labels("status", "ok" if view else "error").inc()
+        if view is not None:
+            self.lh_view = view
+
+    async def _evict(self, base: str | None, a: Actions) -> None:
+        if base is None or self.token is None:
+            log.info("%s/%s: lighthouse not reachable for eviction of %s", self.namespace, self.name, a.evict)
+            return
+        # One call per group: the lighthouse rejects a whole request naming a group it never saw (404).
+        results = await asyncio.gather(
+            *(self.lighthouse.evict(base, self.token, [group], reason) for group, reason in a.evict)
+        )
+        for ok in results:
+            metrics.LIGHTHOUSE_CALLS.labels("evict", "ok" if ok else "error").inc()
+
+    async def _tell_lighthouse(self, base: str | None, spec: JobSpec, result: Result) -> bool:
+        """Starting groups and the desired contributor count; True when something must be retried."""
+        state = result.state
+        if state.outcome is not None:
+            self.pending_starting.clear()
+            return False
+        if base is None or self.token is None:
+            return bool(self.pending_starting) or self.desired_acked is None
+        if time.monotonic() < self.lh_retry_at:
+            return True  # a pod event woke us; do not hammer a lighthouse that is still starting
+        self.lh_retry_at = time.monotonic() + RETRY_S
+        retry = False
+        key = (base, spec.replicas)
+        if self.desired_acked != key:
+            ok = await self.lighthouse.desired(base, self.token, spec.replicas)
+            metrics.LIGHTHOUSE_CALLS.labels("desired", "ok" if ok else "error").inc()
+            if ok:
+                self.desired_acked = key
+                # a new lighthouse (or a new operator) re-learns which groups are on their way
+                starting = (PHASE_STARTING, PHASE_RESTARTING)
+                self.pending_starting.update(i for i, p in result.group_phases.items() if p in starting)
+            retry = retry or not ok
+        pending = sorted(g for g in self.pending_starting if g in state.groups)
+        if pending:
+            ok = await self.lighthouse.starting(base, self.token, pending)
+            metrics.LIGHTHOUSE_CALLS.labels("starting", "ok" if ok else "error").inc()
+            if ok:
+                self.pending_starting.difference_update(pending)
+            retry = retry or not ok
+        return retry
+
+    # --- kubernetes -------------------------------------------------------------------------------------------------
+    async def _ensure_token(self) -> None:
+        await self.kube.create(self._owned(builders.token_secret(self.name, self.namespace)))
+        self.token = await self.kube.read_secret_value(
+            self.namespace, names.token_secret(self.name), contract.TOKEN_SECRET_KEY
+        )
+
+    def _owned(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = self.body["metadata"]
+        obj["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+                "kind": contract.KIND,
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        return obj
+
+    async def _apply_pods(self, spec: JobSpec, result: Result) -> None:
+        a, state = result.actions, result.state
+        jobs: list[Any] = []
+        for name, force in a.delete_pods:
+            self.deleting.add(name)
+            jobs.append(self.kube.delete_pod(self.namespace, name, force))
+        for group, rank, generation in a.create_pods:
+            g = state.groups[group]
+            assert g.generation == generation
+            jobs.append(self.kube.create(self._owned(builders.worker_pod(self.name, self.namespace, spec, g, rank))))
+        if a.create_lighthouse is not None:
+            manifest = builders.lighthouse_pod(self.name, self.namespace, spec, a.create_lighthouse)
+            jobs.append(self.kube.create(self._owned(manifest)))
+        if not jobs:
+            return
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            self.deleting -= {n for (n, _), r in zip(a.delete_pods, results, strict=False) if isinstance(r, Exception)}
+            raise errors[0]
+
+    async def _apply_services(self, spec: JobSpec, a: Actions) -> None:
+        wanted = [builders.lighthouse_service(self.name, self.namespace)]
+        wanted += [builders.group_service(self.name, self.namespace, i) for i in a.group_services]
+        todo = [svc for svc in wanted if svc["metadata"]["name"] not in self.services_ok]
+        if todo:
+            await asyncio.gather(*(self.kube.create(self._owned(svc)) for svc in todo))
+            self.services_ok.update(svc["metadata"]["name"] for svc in todo)
+        for i in a.delete_group_services:
+            name = names.group_service(self.name, i)
+            await self.kube.delete_service(self.namespace, name)
+            self.services_ok.discard(name)
+
+    async def _write_status(self, spec: JobSpec, result: Result, pods: list[PodView], force: bool) -> float | None:
+        """Write status if it changed; unless forced, at most every STATUS_MIN_INTERVAL_S (returns the wait)."""
+        status = build_status(
+            job=self.name,
+            spec=spec,
+            state=result.state,
+            phases=result.group_phases,
+            pods=pods,
+            lighthouse=self.lh_view,
+            previous=self.last_status,
+            generation=self.body["metadata"].get("generation"),
+            now=time.time(),
+        )
+        if status == self.last_status:
+            return None
+        wait = self.last_status_write + STATUS_MIN_INTERVAL_S - time.monotonic()
+        if not force and wait > 0:
+            return wait
+        patch = dict(status)
+        for key in self.last_status or {}:
+            patch.setdefault(key, None)  # a merge patch removes fields we no longer report
+        await self.kube.patch_status(self.namespace, self.name, patch)
+        self.last_status = status
+        self.last_status_write = time.monotonic()
+        self.on_phase((self.namespace, self.name), status["phase"])
+        return None

@@ -1,0 +1,192 @@
+"""Helpers for the operator's cluster tests: job manifests, the operator as a real subprocess, and queries."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftjob.trainer import contract
+from helpers import REPO, wait_for
+from kubernetes import client
+
+CRD = REPO / "crds" / "ftjob.dev_faulttoleranttrainingjobs.yaml"
+OPERATOR = Path(sys.executable).parent / "ftjob-operator"
+
+# A stand-in for a replica group that is not about training: rank 0 heartbeats to the real lighthouse (so the
+# lighthouse knows the group and can be seen evicting it); every rank then idles until killed.
+HEARTBEATER = r"""
+import json, os, sys, time, urllib.request, uuid
+env = os.environ
+print("group", env["FTJOB_REPLICA_GROUP"], "rank", env["RANK"], "of", env["WORLD_SIZE"],
+      "master", env["MASTER_ADDR"], "advertise", env["FTJOB_ADVERTISE_ADDR"], flush=True)
+if env["RANK"] != "0":
+    while True:
+        time.sleep(3600)
+url = env["FTJOB_LIGHTHOUSE_URL"] + "/v1/heartbeat"
+body = json.dumps({"group": env["FTJOB_REPLICA_GROUP"], "incarnation": uuid.uuid4().hex, "step": 0}).encode()
+headers = {"Authorization": "Bearer " + env["FTJOB_TOKEN"], "Content-Type": "application/json"}
+while True:
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=2).read()
+    except Exception as e:
+        print("heartbeat:", e, flush=True)
+    time.sleep(0.5)
+"""
+
+
+def job_manifest(name: str, *, command: list[str] | None = None, **spec: Any) -> dict[str, Any]:
+    """A job whose workers run `command` (default: the heartbeating stand-in) with fast failure settings."""
+    container = {
+        "name": "trainer",
+        "image": "ftjob-trainer:dev",
+        "command": command or ["python", "-u", "-c", HEARTBEATER],
+    }
+    body: dict[str, Any] = {
+        "replicas": 2,
+        "minReplicas": 1,
+        "podsPerReplica": 1,
+        "template": {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container]}},
+        "lighthouse": {"heartbeatTimeoutSeconds": 600},  # so only the operator's eviction can drop a group
+        "failurePolicy": {"backoff": {"baseSeconds": 0, "maxSeconds": 0}},
+    }
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return {
+        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+        "kind": contract.KIND,
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class OperatorProc:
+    """`ftjob-operator` running as a real process against the test cluster."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+    health_port: int
+    metrics_port: int
+    args: list[str] = field(default_factory=list)
+
+    def health(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
+            return json.loads(r.read())
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+            return r.read().decode()
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as when a node dies under the operator."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start_operator(kubeconfig: Path, log: Path, *args: str) -> OperatorProc:
+    health, metrics = free_port(), free_port()
+    argv = [str(OPERATOR), "--health-port", str(health), "--metrics-port", str(metrics), *args]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    out = open(log, "ab")  # noqa: SIM115 - the child owns it for its lifetime
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    op = OperatorProc(proc, log, health, metrics, argv)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"ftjob-operator exited {proc.returncode}:\n{op.logs()[-3000:]}")
+        return bool(op.health())
+
+    wait_for(up, 60, "the operator's health endpoint")
+    return op
+
+
+# --- queries --------------------------------------------------------------------------------------------------------
+def get_job(custom: client.CustomObjectsApi, ns: str, name: str) -> dict[str, Any]:
+    return custom.get_namespaced_custom_object(contract.API_GROUP, contract.API_VERSION, ns, contract.PLURAL, name)
+
+
+def create_job(custom: client.CustomObjectsApi, ns: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    return custom.create_namespaced_custom_object(contract.API_GROUP, contract.API_VERSION, ns, contract.PLURAL,
+                                                  manifest)  # fmt: skip
+
+
+def patch_job(custom: client.CustomObjectsApi, ns: str, name: str, patch: dict[str, Any]) -> None:
+    custom.patch_namespaced_custom_object(contract.API_GROUP, contract.API_VERSION, ns, contract.PLURAL, name, patch)
+
+
+def condition(job: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype and c.get("status") == "True":
+            return c
+    return None
+
+
+def worker_pods(core: client.CoreV1Api, ns: str, job: str, live_only: bool = True) -> list[client.V1Pod]:
+    sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
+    pods = core.list_namespaced_pod(ns, label_selector=sel).items
+    if live_only:
+        pods = [p for p in pods if p.metadata.deletion_timestamp is None and p.status.phase in ("Pending", "Running")]
+    return pods
+
+
+def running_groups(core: client.CoreV1Api, ns: str, job: str, pods_per_replica: int = 1) -> dict[int, list]:
+    """group -> its live pods, for groups whose every rank is Running (one generation)."""
+    groups: dict[int, list] = {}
+    for p in worker_pods(core, ns, job):
+        groups.setdefault(int(p.metadata.labels[contract.LABEL_GROUP]), []).append(p)
+    return {
+        g: ps
+        for g, ps in groups.items()
+        if len(ps) == pods_per_replica and all(p.status.phase == "Running" for p in ps)
+    }
+
+
+def lighthouse_pod(core: client.CoreV1Api, ns: str, job: str) -> client.V1Pod:
+    sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
+    pods = [p for p in core.list_namespaced_pod(ns, label_selector=sel).items if p.status.phase == "Running"]
+    assert len(pods) == 1, f"expected one running lighthouse pod, found {[p.metadata.name for p in pods]}"
+    return pods[0]
+
+
+def lighthouse_status(core: client.CoreV1Api, ns: str, job: str) -> dict[str, Any]:
+    """GET /v1/status from the job's lighthouse, by pod IP (the test host reaches pod IPs), with the job's token."""
+    import base64
+
+    pods = [lighthouse_pod(core, ns, job)]
+    secret = core.read_namespaced_secret(f"{job}-ftjob-token", ns)
+    token = base64.b64decode(secret.data[contract.TOKEN_SECRET_KEY]).decode()
+    req = urllib.request.Request(
+        f"http://{pods[0].status.pod_ip}:{contract.LIGHTHOUSE_PORT}{contract.PATH_STATUS}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(req, timeout=3) as r:
+        return json.loads(r.read())
