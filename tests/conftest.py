@@ -1,5 +1,5 @@
 """Shared fixtures: the real local cluster from hack/cluster (brought up here if it is not running), a fresh
-namespace per test, and the kubernetes clients for it."""
+namespace per test, and the kubernetes clients for it (`Kube` lives in helpers.py; re-exported here)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,9 @@ from kubernetes import client, config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # lets tests import `helpers` from any directory
 
-from helpers import CLUSTER, state_dir
+from helpers import CLUSTER, Kube, state_dir
 
-
-@dataclass
-class Kube:
-    """Clients for the cluster under test (one ApiClient shared by the typed APIs)."""
-
-    kubeconfig: Path
-    api: client.ApiClient
-    core: client.CoreV1Api
-    apps: client.AppsV1Api
-    rbac: client.RbacAuthorizationV1Api
-    custom: client.CustomObjectsApi
+__all__ = ["Kube", "ensure_cluster"]
 
 
 def ensure_cluster() -> Path:

@@ -6,13 +6,28 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "hack" / "cluster"
 
 T = TypeVar("T")
+
+
+@dataclass
+class Kube:
+    """Clients for the cluster under test (one ApiClient shared by the typed APIs)."""
+
+    kubeconfig: Path
+    api: client.ApiClient
+    core: client.CoreV1Api
+    apps: client.AppsV1Api
+    rbac: client.RbacAuthorizationV1Api
+    custom: client.CustomObjectsApi
 
 
 def wait_for(

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import Kube
-from helpers import kubectl, wait_for
+from helpers import Kube, kubectl, wait_for
 from kubernetes import client
 
 pytestmark = pytest.mark.cluster

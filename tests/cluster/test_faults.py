@@ -7,8 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import Kube
-from helpers import cluster, node_names, wait_for
+from helpers import Kube, cluster, node_names, wait_for
 from kubernetes import client
 from podspecs import ECHO_SERVER, SLEEPER, describe_pods, python_pod, running_ip, tcp_probe_script, wait_exit_code
 

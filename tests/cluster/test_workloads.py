@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Kube
-from helpers import wait_for
+from helpers import Kube, wait_for
 from kubernetes import client
 from podspecs import IMAGE, SLEEPER, describe_pods, python_pod, wait_exit_code
 
