@@ -55,13 +55,18 @@ def test_two_pods_talk_by_pod_ip_and_headless_service_dns(kube: Kube, namespace:
             },
         },
     )
+    # With two or more nodes the pods are pinned apart, so the traffic crosses node bridges and each node's agent
+    # must know the other node's pod for the names to resolve.
+    nodes = sorted(n.metadata.name for n in kube.core.list_node().items)
     server = pod("server", ECHO_SERVER, restart="Always", labels={"app": "server"}, hostname="srv", subdomain="peers")
+    server["spec"]["nodeName"] = nodes[0]
     kube.core.create_namespaced_pod(namespace, server)
     server_ip = wait_phase(kube.core, namespace, "server", "Running").status.pod_ip
 
     targets = [server_ip, f"srv.peers.{namespace}.svc.cluster.local", f"peers.{namespace}.svc", "srv.peers", "peers"]
     client_pod = pod("client", CLIENT)
     client_pod["spec"]["containers"][0]["args"] = targets
+    client_pod["spec"]["nodeName"] = nodes[-1]
     kube.core.create_namespaced_pod(namespace, client_pod)
 
     wait_phase(kube.core, namespace, "client", "Succeeded", timeout=90)
