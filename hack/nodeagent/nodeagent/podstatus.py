@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass
 
 from .kubeapi import ApiError, KubeClient
@@ -57,55 +58,93 @@ class ConditionClock:
 
 
 class StatusSyncer:
-    """Sends pod status patches. Updates coalesce per pod while a batch is in flight, so a burst of changes costs
-    one patch per pod, and an idle syncer sends a change at once (process exits reach the API in milliseconds)."""
+    """Sends pod status patches through a fixed pool of workers.
 
-    def __init__(self, client: KubeClient, concurrency: int = 16) -> None:
+    Only a pod's latest status is kept, so a burst of changes to one pod costs one patch; at most one patch per pod
+    is in flight, so they land in order. Failure news (a container ended, Ready lost) jumps the queue: the operator
+    replaces failed pods within a second, and a burst of start-ups must not delay that.
+    """
+
+    def __init__(self, client: KubeClient, workers: int = 16) -> None:
         self.client = client
-        self._pending: dict[str, tuple[str, str, dict]] = {}
+        self._workers = workers
+        self._latest: dict[str, tuple[str, str, dict]] = {}
         self._sent: dict[str, str] = {}
+        self._urgent: deque[str] = deque()
+        self._normal: deque[str] = deque()
+        self._inflight: set[str] = set()
         self._wake = asyncio.Event()
-        self._limit = asyncio.Semaphore(concurrency)
         self.patches = 0
 
-    def submit(self, uid: str, namespace: str, name: str, status: dict) -> None:
-        self._pending[uid] = (namespace, name, status)
+    def submit(self, uid: str, namespace: str, name: str, status: dict, urgent: bool = False) -> None:
+        queued = uid in self._latest
+        self._latest[uid] = (namespace, name, status)
+        if urgent:
+            self._urgent.append(uid)  # a stale copy left in the normal queue is skipped when popped
+        elif not queued:
+            self._normal.append(uid)
         self._wake.set()
 
     def forget(self, uid: str) -> None:
-        self._pending.pop(uid, None)
+        self._latest.pop(uid, None)
         self._sent.pop(uid, None)
 
     async def send_now(self, uid: str, namespace: str, name: str, status: dict) -> None:
-        self._pending.pop(uid, None)
+        self._latest.pop(uid, None)
         await self._patch(uid, namespace, name, status)
 
-    async def _patch(self, uid: str, namespace: str, name: str, status: dict) -> None:
+    def _next(self) -> str | None:
+        for queue in (self._urgent, self._normal):
+            for _ in range(len(queue)):
+                uid = queue.popleft()
+                if uid not in self._latest:
+                    continue  # already sent through the other queue, or forgotten
+                if uid in self._inflight:
+                    queue.append(uid)  # its previous patch is still on the wire: keep the order
+                    continue
+                return uid
+        return None
+
+    async def _patch(self, uid: str, namespace: str, name: str, status: dict) -> bool:
+        """True when done (sent, unchanged, or the pod is gone); False when it should be retried."""
         text = json.dumps(status, sort_keys=True)
         if self._sent.get(uid) == text:
-            return
+            return True
         body = {"metadata": {"uid": uid}, "status": status}  # the uid makes the patch fail on a same-named new pod
-        async with self._limit:
+        try:
+            await self.client.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status", body, strategic=True)
+        except ApiError as e:
+            if e.status in (403, 404, 409, 422):
+                log.debug("status of %s/%s not patched: %s", namespace, name, e)
+                return True
+            log.warning("status of %s/%s: %s; retrying", namespace, name, e)
+            return False
+        except Exception as e:
+            log.warning("status of %s/%s: %s; retrying", namespace, name, e)
+            return False
+        self._sent[uid] = text
+        self.patches += 1
+        return True
+
+    async def _worker(self) -> None:
+        while True:
+            uid = self._next()
+            if uid is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            namespace, name, status = self._latest.pop(uid)
+            self._inflight.add(uid)
             try:
-                await self.client.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status", body, strategic=True)
-                self._sent[uid] = text
-                self.patches += 1
-            except ApiError as e:
-                if e.status in (404, 409, 422) or e.status == 403:
-                    log.debug("status of %s/%s not patched: %s", namespace, name, e)
-                    return
-                log.warning("status of %s/%s: %s; retrying", namespace, name, e)
-                self._pending.setdefault(uid, (namespace, name, status))
-            except Exception as e:
-                log.warning("status of %s/%s: %s; retrying", namespace, name, e)
-                self._pending.setdefault(uid, (namespace, name, status))
+                done = await self._patch(uid, namespace, name, status)
+            finally:
+                self._inflight.discard(uid)
+            if not done:
+                await asyncio.sleep(0.5)  # give a struggling apiserver a moment, then send the newest status
+                if uid not in self._latest:
+                    self.submit(uid, namespace, name, status)
+            elif uid in self._latest:
+                self._wake.set()  # a newer status arrived while this one was on the wire
 
     async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch, self._pending = self._pending, {}
-            await asyncio.gather(*(self._patch(uid, *item) for uid, item in batch.items()))
-            if self._pending and not self._wake.is_set():
-                await asyncio.sleep(0.5)  # only retries are left: give the apiserver a moment
-                self._wake.set()
+        await asyncio.gather(*(self._worker() for _ in range(self._workers)))

@@ -58,6 +58,8 @@ class PodWorker:
         self.task: asyncio.Task | None = None
         self._delete_task: asyncio.Task | None = None
         self._gone = False  # deleted: no more status updates
+        self._ended = 0  # containers terminated in the last pushed status
+        self._was_ready = False
 
     @property
     def key(self) -> str:
@@ -299,8 +301,15 @@ class PodWorker:
         return status
 
     def push_status(self) -> None:
-        if not self._gone:
-            self.ctx.status.submit(self.uid, self.namespace, self.name, self.status())
+        if self._gone:
+            return
+        status = self.status()
+        # Failure news goes first: a container that ended, or a pod that stopped being Ready.
+        ended = sum(1 for c in status["containerStatuses"] if c["state"].get("terminated"))
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
+        urgent = ended > self._ended or (self._was_ready and not ready)
+        self._ended, self._was_ready = ended, ready
+        self.ctx.status.submit(self.uid, self.namespace, self.name, status, urgent=urgent)
 
     # --- deletion ---------------------------------------------------------------------------------------------
     def request_delete(self, grace_s: float | None, object_gone: bool = False) -> bool:
