@@ -8,7 +8,8 @@ from helm_tools import CHART, run
 
 # (values, a fragment the error must contain so the user knows what to fix)
 BAD_VALUES = {
-    "replicaCount-zero": ({"replicaCount": 0}, "replicaCount"),
+    "replicaCount-negative": ({"replicaCount": -1}, "replicaCount"),
+    "replicaCount-too-many": ({"replicaCount": 50}, "replicaCount"),
     "replicaCount-string": ({"replicaCount": "two"}, "replicaCount"),
     "unknown-top-level-key": ({"replicas": 2}, "replicas"),
     "typo-in-nested-key": ({"leaderElection": {"enable": True}}, "enable"),
