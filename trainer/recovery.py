@@ -216,7 +216,7 @@ def fetch_state(
     """Copies the snapshot of ``step`` from the recovery server at ``address``; raises RecoveryError if any chunk
     stays corrupt after ``max_attempts`` or the peer is gone. Returns (state, stats)."""
     start = time.monotonic()
-    fetcher = _Fetcher(address, token, timeout_s)
+    fetcher = _Fetcher(address, token, timeout_s + 10.0)  # the socket outlives the server's own wait
     base = f"{contract.PATH_RECOVERY}/{step}"
     try:
         manifest = json.loads(fetcher.get(f"{base}/manifest?wait={timeout_s}"))

@@ -1,4 +1,5 @@
-"""Not tests: the small training program the manager tests (and hack/bench/bench_failover.py) run in subprocesses.
+"""Not tests: the small training program the manager tests (and hack/bench/bench_failover.py) run in subprocesses,
+and the helpers that start it and a real lighthouse as local processes.
 
     python tests/trainer/test_manager_worker.py --group 0 --lighthouse URL --steps 20 [...]
 
@@ -12,8 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
 
 import torch
 from ftjob.trainer.manager import Manager, ManagerConfig, param_digest
@@ -97,6 +105,121 @@ def main(argv: list[str]) -> int:
     emit(event="done", step=mgr.step, digest=digest, cursor=data["cursor"], metrics=mgr.metrics)
     mgr.shutdown()
     return 0
+
+
+TOKEN = "test-token"
+WORKER = Path(__file__).resolve()
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> Any:
+    """Polls with a deadline (the tests' own helpers module is not importable from a bench script)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)  # poll interval of a deadline loop
+
+
+class Lighthouse:
+    """A real `python -m ftjob.trainer.lighthouse` process on loopback; ``port=0`` picks a free port."""
+
+    def __init__(self, workdir: Path, *args: str, port: int = 0, token: str = TOKEN) -> None:
+        self.workdir, self.args, self.token = workdir, list(args), token
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> Lighthouse:
+        self.starts += 1
+        log = self.workdir / f"lighthouse-{self.starts}.log"
+        env = {**os.environ, "FTJOB_TOKEN": self.token}
+        cmd = [sys.executable, "-m", "ftjob.trainer.lighthouse", "--bind", f"127.0.0.1:{self.port}", *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+        def listening() -> int | None:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"lighthouse exited {self.proc.returncode}: {log.read_text()}")
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read_text())
+            return int(m.group(1)) if m else None
+
+        self.port = _wait(listening, 60, "the lighthouse to listen")
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(
+        self, method: str, path: str, body: Any = None, token: str | None = None, raw: bytes | None = None
+    ) -> tuple[int, Any]:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        tok = self.token if token is None else token
+        if tok:
+            req.add_header("Authorization", f"Bearer {tok}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                payload = resp.read()
+                status = resp.status
+        except urllib.error.HTTPError as e:
+            payload, status = e.read(), e.code
+        try:
+            return status, json.loads(payload)
+        except ValueError:
+            return status, payload.decode()
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.request("GET", "/v1/status")
+        assert code == 200, body
+        return body
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+
+class Worker:
+    """One replica group (one rank) running this file's training loop."""
+
+    def __init__(self, workdir: Path, lighthouse_url: str, group: str, *args: str) -> None:
+        self.group = group
+        self.log = workdir / f"worker-{group}-{time.monotonic_ns()}.log"
+        cmd = [sys.executable, str(WORKER), "--group", group, "--lighthouse", lighthouse_url, *args]
+        env = {**os.environ, "FTJOB_TOKEN": TOKEN}
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            if line.startswith("{"):
+                event = json.loads(line)
+                if kind is None or event["event"] == kind:
+                    out.append(event)
+        return out
+
+    def last_step(self) -> int:
+        steps = self.events("step")
+        return steps[-1]["step"] if steps else 0
+
+    def done(self) -> dict[str, Any] | None:
+        if self.proc.poll() not in (None, 0):
+            raise AssertionError(f"worker {self.group} exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+        found = self.events("done")
+        return found[0] if found else None
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(30)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,140 @@
+"""The lighthouse as a real process on loopback: authentication, input validation (rejections change nothing),
+the membership API, status, metrics, the split-brain guard over HTTP, and restarts with a state file."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from ftjob.trainer import contract
+from test_manager_worker import Lighthouse
+
+
+def quorum_body(group: str, step: int = 0, **extra: object) -> dict:
+    return {
+        "group": group,
+        "incarnation": f"inc-{group}",
+        "step": step,
+        "quorum_id": -1,
+        "address": "127.0.0.1:1",
+        "store_address": "127.0.0.1:2",
+        "timeout_s": 20.0,
+        **extra,
+    }
+
+
+@pytest.fixture
+def lighthouse(tmp_path: Path):
+    lh = Lighthouse(tmp_path, "--min-replicas", "1", "--join-timeout", "0.3", "--heartbeat-timeout", "30").start()
+    yield lh
+    lh.kill()
+
+
+def ask_all(lh: Lighthouse, bodies: list[dict]) -> list[tuple[int, dict]]:
+    """Concurrent quorum requests (each long-polls until the quorum forms)."""
+    results: list[tuple[int, dict]] = [(0, {})] * len(bodies)
+
+    def one(i: int) -> None:
+        results[i] = lh.request("POST", contract.PATH_QUORUM, bodies[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_health_needs_no_token_everything_else_does(lighthouse: Lighthouse):
+    assert lighthouse.request("GET", contract.PATH_HEALTH, token="") == (200, "ok")
+    for method, path in (("GET", contract.PATH_STATUS), ("GET", contract.PATH_METRICS), ("POST", contract.PATH_EVICT)):
+        code, body = lighthouse.request(method, path, {"groups": ["0"]}, token="")
+        assert code == 401 and "Authorization: Bearer" in body["error"]
+        code, body = lighthouse.request(method, path, {"groups": ["0"]}, token="not-the-token")
+        assert code == 401 and "wrong bearer token" in body["error"]
+
+
+def test_bad_requests_are_rejected_with_a_reason_and_change_nothing(lighthouse: Lighthouse):
+    before = lighthouse.status()
+    cases = [
+        (contract.PATH_QUORUM, b"{not json", "not valid JSON"),
+        (contract.PATH_QUORUM, b"[1, 2]", "must be a JSON object"),
+        (contract.PATH_QUORUM, json.dumps({"group": "0"}).encode(), "missing field 'incarnation'"),
+        (contract.PATH_QUORUM, json.dumps(quorum_body("0", step="3")).encode(), "field 'step' must be int"),
+        (contract.PATH_QUORUM, json.dumps(quorum_body("0", step=True)).encode(), "field 'step' must be int"),
+        (contract.PATH_QUORUM, json.dumps(quorum_body("0", step=-1)).encode(), "must be >= 0"),
+        (contract.PATH_HEARTBEAT, json.dumps({"group": "0", "incarnation": ""}).encode(), "non-empty string"),
+        (contract.PATH_EVICT, json.dumps({"groups": "0"}).encode(), "field 'groups' must be list"),
+        (contract.PATH_STARTING, json.dumps({"groups": [1]}).encode(), "list of non-empty strings"),
+        (contract.PATH_DESIRED, json.dumps({"replicas": 0}).encode(), "replicas must be >= 1"),
+        (contract.PATH_DESIRED, json.dumps({"replicas": "2"}).encode(), "field 'replicas' must be int"),
+    ]
+    for path, raw, message in cases:
+        code, body = lighthouse.request("POST", path, raw=raw)
+        assert code == 400, (path, raw, body)
+        assert message in body["error"], (path, raw, body)
+    code, body = lighthouse.request("POST", contract.PATH_EVICT, {"groups": ["9"], "reason": "x"})
+    assert code == 404 and "unknown replica group" in body["error"]
+    after = lighthouse.status()
+    assert after["members"] == before["members"] == [] and after["quorum_id"] == before["quorum_id"]
+    assert after["desired_replicas"] is None and after["history"] == []
+
+
+def test_quorum_status_metrics_and_evict_over_http(lighthouse: Lighthouse):
+    for g in ("0", "1"):  # both live first, so the first asker waits (join timeout) for the other
+        lighthouse.request("POST", contract.PATH_HEARTBEAT, {"group": g, "incarnation": f"inc-{g}", "step": 0})
+    results = ask_all(lighthouse, [quorum_body("0"), quorum_body("1")])
+    assert [code for code, _ in results] == [200, 200]
+    (_, a), (_, b) = results
+    assert a["quorum_id"] == b["quorum_id"] == 1 and {a["replica_rank"], b["replica_rank"]} == {0, 1}
+    assert "members" not in a  # O(groups) payload only on request
+    status = lighthouse.status()
+    assert [m["group"] for m in status["members"]] == ["0", "1"] and status["quorum_groups"] == ["0", "1"]
+    assert status["members"][0]["last_heartbeat_age_s"] >= 0 and status["members"][0]["contributing"]
+
+    code, body = lighthouse.request("POST", contract.PATH_EVICT, {"groups": ["1"], "reason": "pod deleted"})
+    assert code == 200 and body == {"evicted": ["1"], "abort_below": 2}
+    status = lighthouse.status()
+    assert [m["group"] for m in status["members"]] == ["0"] and status["abort_below"] == 2
+    assert status["history"][-1]["reason"] == "evicted: pod deleted"
+    code, body = lighthouse.request("POST", contract.PATH_QUORUM, quorum_body("1"))
+    assert code == 410 and "evicted" in body["error"]  # that incarnation may not come back
+
+    code, body = lighthouse.request("POST", contract.PATH_QUORUM, quorum_body("0", step=1, want_members=True))
+    assert code == 200 and body["quorum_id"] == 2 and [m["group"] for m in body["members"]] == ["0"]
+    code, metrics = lighthouse.request("GET", contract.PATH_METRICS)
+    assert code == 200
+    assert 'ftjob_lighthouse_evictions_total{reason="evicted"} 1.0' in metrics
+    assert "ftjob_lighthouse_quorum_size 1.0" in metrics and "ftjob_lighthouse_quorum_changes_total 2.0" in metrics
+    assert 'ftjob_lighthouse_request_seconds_count{path="/v1/quorum"}' in metrics
+
+
+def test_split_brain_guard_over_http(lighthouse: Lighthouse):
+    for g in ("0", "1", "2"):
+        code, _ = lighthouse.request(
+            "POST", contract.PATH_HEARTBEAT, {"group": g, "incarnation": f"inc-{g}", "step": 0}
+        )
+        assert code == 200
+    code, body = lighthouse.request("POST", contract.PATH_QUORUM, quorum_body("0", timeout_s=1.0))
+    assert code == 504 and "split-brain guard" in body["error"]  # 1 of 3 live groups never forms a quorum
+    results = ask_all(lighthouse, [quorum_body("0"), quorum_body("1")])  # 2 of 3: a majority, after the join wait
+    assert [code for code, _ in results] == [200, 200] and results[0][1]["replica_world_size"] == 2
+
+
+def test_restart_with_state_file_keeps_ids_increasing_and_refuses_older_steps(tmp_path: Path):
+    state = tmp_path / "lighthouse-state.json"
+    lh = Lighthouse(tmp_path, "--min-replicas", "1", "--join-timeout", "0.2", "--state-file", str(state)).start()
+    try:
+        code, q = lh.request("POST", contract.PATH_QUORUM, quorum_body("0", step=7))
+        assert code == 200 and q["quorum_id"] == 1
+        assert json.loads(state.read_text()) == {"quorum_id": 1, "committed_step": 7}
+        lh.kill()
+        lh.start()  # same port, same state file
+        code, body = lh.request("POST", contract.PATH_QUORUM, quorum_body("0", step=3, timeout_s=1.0))
+        assert code == 504 and "committed step 7" in body["error"]  # a step behind a committed one never trains
+        code, q = lh.request("POST", contract.PATH_QUORUM, quorum_body("0", step=7, quorum_id=1))
+        assert code == 200 and q["quorum_id"] == 2
+    finally:
+        lh.kill()

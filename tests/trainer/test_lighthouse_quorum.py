@@ -1,0 +1,193 @@
+"""Unit tests of the lighthouse's quorum rule (pure logic: QuorumCore with an explicit clock)."""
+
+from __future__ import annotations
+
+import pytest
+from ftjob.trainer.lighthouse_quorum import QuorumCore, QuorumError
+
+
+def ask(core: QuorumCore, group: str, step: int = 0, now: float = 0.0, inc: str | None = None, **extra: object) -> None:
+    req = {
+        "group": group,
+        "incarnation": inc or f"inc-{group}",
+        "step": step,
+        "quorum_id": extra.pop("quorum_id", -1),
+        "address": f"10.0.0.{group}:1",
+        "store_address": f"10.0.0.{group}:2",
+        "world_size": 1,
+        **extra,
+    }
+    core.request(req, now)
+
+
+def core(min_replicas: int = 1, join: float = 1.0, hb: float = 5.0, **kw: int) -> QuorumCore:
+    return QuorumCore(min_replicas=min_replicas, join_timeout_s=join, heartbeat_timeout_s=hb, **kw)
+
+
+def test_first_quorum_waits_for_min_replicas_then_forms():
+    c = core(min_replicas=2)
+    ask(c, "0")
+    assert c.poll(0.0) is None
+    assert "min_replicas" in c.blocked_reason
+    ask(c, "1")
+    formed = c.poll(0.0)
+    assert formed is not None and formed.groups == ("0", "1") and formed.quorum_id == 1
+    assert formed.responses["1"]["replica_rank"] == 1 and formed.responses["0"]["replica_world_size"] == 2
+
+
+def test_join_timeout_waits_for_live_groups_that_have_not_asked():
+    c = core(min_replicas=1, join=2.0)
+    c.heartbeat("2", "inc-2", 0, now=0.0)  # alive, not asking yet
+    ask(c, "0")
+    ask(c, "1")
+    assert c.poll(0.5) is None and "join timeout" in c.blocked_reason
+    assert c.poll(1.9) is None
+    formed = c.poll(2.6)
+    assert formed is not None and formed.groups == ("0", "1")
+
+
+def test_previous_members_all_asking_issue_at_once_with_new_joiner():
+    c = core(min_replicas=1, join=10.0)
+    ask(c, "0")
+    ask(c, "1")
+    first = c.poll(0.0)
+    assert first is not None
+    c.heartbeat("2", "inc-2", 0, now=0.1)  # alive but not asking: must not delay the previous members
+    ask(c, "0", step=1, now=0.2)
+    ask(c, "1", step=1, now=0.2)
+    second = c.poll(0.2)
+    assert second is not None and second.groups == ("0", "1")
+    assert second.quorum_id == first.quorum_id and not second.changed  # same members: same id, no rebuild
+    ask(c, "2", step=0, now=0.3)
+    ask(c, "0", step=2, now=0.3)
+    ask(c, "1", step=2, now=0.3)
+    third = c.poll(0.3)
+    assert third is not None and third.groups == ("0", "1", "2") and third.quorum_id == first.quorum_id + 1
+
+
+def test_split_brain_guard_needs_a_majority_of_live_groups():
+    c = core(min_replicas=1, join=0.0)
+    for g in ("0", "1", "2"):
+        c.heartbeat(g, f"inc-{g}", 0, now=0.0)
+    ask(c, "0")
+    assert c.poll(5.0) is None and "split-brain" in c.blocked_reason  # 1 of 3 is no majority, even after timeout
+    ask(c, "1")
+    formed = c.poll(5.0)
+    assert formed is not None and formed.groups == ("0", "1")
+
+
+def test_heartbeat_timeout_drops_group_and_aborts_its_quorum():
+    c = core(min_replicas=1, hb=2.0)
+    ask(c, "0")
+    ask(c, "1")
+    formed = c.poll(0.0)
+    assert formed is not None and c.abort_below == 0
+    c.heartbeat("0", "inc-0", 1, now=1.5)
+    assert c.sweep(2.5) == ["1"]
+    assert c.abort_below == formed.quorum_id + 1  # the in-flight quorum must abort
+    ask(c, "0", step=1, now=2.6)
+    nxt = c.poll(2.6)
+    assert nxt is not None and nxt.groups == ("0",) and nxt.quorum_id >= c.abort_below
+
+
+def test_commit_failure_changes_quorum_id_even_with_same_members():
+    c = core()
+    ask(c, "0")
+    ask(c, "1")
+    q1 = c.poll(0.0)
+    ask(c, "0", commit_failures=1)
+    ask(c, "1", commit_failures=1)
+    q2 = c.poll(0.0)
+    assert q1 is not None and q2 is not None and q2.quorum_id == q1.quorum_id + 1 and q2.changed
+
+
+def test_evict_bans_incarnation_aborts_quorum_and_unknown_group_is_404_without_change():
+    c = core()
+    ask(c, "0")
+    ask(c, "1")
+    q = c.poll(0.0)
+    assert q is not None
+    with pytest.raises(QuorumError) as e:
+        c.evict(["1", "7"], "pod failed", 0.1)
+    assert e.value.status == 404 and "1" in c.members  # nothing changed
+    assert c.evict(["1"], "pod failed", 0.1) == ["1"]
+    assert "1" not in c.members and c.abort_below == q.quorum_id + 1
+    with pytest.raises(QuorumError) as e:
+        ask(c, "1", now=0.2)  # the evicted process may not come back
+    assert e.value.status == 410
+    ask(c, "1", now=0.2, inc="inc-1-restarted")  # a restarted process may
+    assert c.members["1"].incarnation == "inc-1-restarted"
+
+
+def test_behind_groups_heal_from_up_to_date_members_round_robin():
+    c = core()
+    ask(c, "0", step=5)
+    ask(c, "1", step=5)
+    ask(c, "2", step=0)
+    ask(c, "3", step=3)
+    q = c.poll(0.0)
+    assert q is not None and q.max_step == 5 and q.heals == 2
+    r = q.responses
+    assert not r["0"]["heal"] and r["2"]["heal"] and r["3"]["heal"]
+    assert {r["2"]["recover_from"]["group"], r["3"]["recover_from"]["group"]} == {"0", "1"}
+    assert r["0"]["serve_recovery"] and r["1"]["serve_recovery"]
+    assert not r["2"]["contributing"] and r["0"]["num_contributors"] == 2  # healers contribute nothing this step
+
+
+def test_spares_do_not_contribute_and_one_is_promoted_when_a_contributor_goes():
+    c = core()
+    c.set_desired(2)
+    for g in ("0", "1", "2"):
+        ask(c, g, step=4)
+    q = c.poll(0.0)
+    assert q is not None
+    assert [q.responses[g]["contributing"] for g in ("0", "1", "2")] == [True, True, False]
+    assert q.responses["2"]["contributor_rank"] == -1 and q.responses["1"]["num_contributors"] == 2
+    c.evict(["0"], "node lost", 0.1)
+    ask(c, "1", step=4, now=0.2)
+    ask(c, "2", step=4, now=0.2)
+    q2 = c.poll(0.2)
+    assert q2 is not None and q2.responses["2"]["contributing"] and q2.responses["1"]["contributing"]
+    assert q2.responses["1"]["contributor_rank"] == 0 and q2.responses["2"]["contributor_rank"] == 1
+
+
+def test_restored_ids_keep_increasing_and_committed_step_is_a_floor():
+    c = core(quorum_id=40, committed_step=10)
+    ask(c, "0", step=7, quorum_id=42)
+    assert c.poll(0.0) is None and "committed step 10" in c.blocked_reason  # never train from below step 10
+    ask(c, "1", step=10, quorum_id=42)
+    q = c.poll(0.0)
+    assert q is not None and q.quorum_id == 43 and q.responses["0"]["heal"]
+
+
+def test_new_incarnation_replaces_and_bans_the_old_one():
+    c = core()
+    c.heartbeat("0", "old", 0, now=0.0)
+    c.heartbeat("0", "new", 0, now=0.1)
+    with pytest.raises(QuorumError) as e:
+        c.heartbeat("0", "old", 0, now=0.2)
+    assert e.value.status == 410 and c.members["0"].incarnation == "new"
+
+
+def test_finished_groups_are_kept_for_status_and_not_waited_for():
+    c = core(join=100.0, hb=1.0)
+    ask(c, "0")
+    ask(c, "1")
+    assert c.poll(0.0) is not None
+    c.heartbeat("1", "inc-1", 3, now=0.5, finished=True, digest="abc")
+    ask(c, "0", step=3, now=0.6)
+    assert c.poll(0.6) is not None  # a finished group is not a live group to wait for
+    c.sweep(10.0)
+    status = c.status(10.0)
+    assert [m["group"] for m in status["members"]] == ["1"] and status["members"][0]["param_digest"] == "abc"
+
+
+def test_forming_12500_groups_is_linear_enough():
+    """Correctness at scale (speed is measured in hack/bench/bench_lighthouse.py)."""
+    c = core(min_replicas=1)
+    n = 12_500
+    for g in range(n):
+        ask(c, str(g), step=1 if g % 2 else 0)
+    q = c.poll(0.0)
+    assert q is not None and len(q.groups) == n and q.heals == n // 2
+    assert q.responses["12499"]["replica_rank"] == n - 1 and q.responses["2"]["replica_rank"] == 2
