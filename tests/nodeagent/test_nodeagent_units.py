@@ -185,3 +185,36 @@ def test_log_tail_and_previous_run_selection(tmp_path: Path) -> None:
         (tmp_path / f"{n}.log").write_text(str(n))
     assert latest_log(tmp_path, previous=False).name == "10.log"  # numeric, not lexical, order
     assert latest_log(tmp_path, previous=True).name == "1.log"
+
+
+def test_dns_writer_shares_one_file_per_namespace_and_isolates_duplicate_hostnames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nodeagent.dns as dns
+
+    monkeypatch.setattr(dns, "NETNS_ETC_DIR", tmp_path / "etc-netns")
+    pods = [
+        _pod("a", "ns1", "10.1.0.2", True, {"app": "w"}, hostname="w0", subdomain="peers"),
+        _pod("b", "ns1", "10.1.0.3", True, {"app": "w"}, hostname="w1", subdomain="peers"),
+        _pod("c", "ns1", "10.1.0.4", True, {}, hostname="w0", subdomain="other"),  # same bare hostname as a
+    ]
+    services = [_svc("peers", "ns1", {"app": "w"})]
+    writer = dns.DnsWriter("cluster.local", lambda: services, lambda: pods, shared_dir=tmp_path / "shared")
+    for i, p in enumerate(pods):
+        writer.add_pod(f"p{i}", p, p["status"]["podIP"])
+    writer.refresh()
+
+    etc = tmp_path / "etc-netns"
+    assert (etc / "p0" / "hosts").resolve() == (etc / "p1" / "hosts").resolve() == tmp_path / "shared" / "ns1.hosts"
+    assert not (etc / "p2" / "hosts").is_symlink()
+    shared = (tmp_path / "shared" / "ns1.hosts").read_text()
+    assert "10.1.0.2\tw0.peers.ns1.svc.cluster.local w0\n" in shared and "10.1.0.4" not in shared
+    private = (etc / "p2" / "hosts").read_text()
+    assert "10.1.0.4\tw0.other.ns1.svc.cluster.local w0" in private.splitlines()[3]  # own name before the rest
+    assert "w1.peers.ns1.svc.cluster.local" in private
+
+    inode = (tmp_path / "shared" / "ns1.hosts").stat().st_ino
+    pods[1]["status"]["podIP"] = "10.1.0.9"  # the file is bind-mounted: it must change in place
+    writer.refresh()
+    assert (tmp_path / "shared" / "ns1.hosts").stat().st_ino == inode
+    assert "10.1.0.9\tw1.peers.ns1.svc.cluster.local" in (tmp_path / "shared" / "ns1.hosts").read_text()

@@ -57,7 +57,12 @@ class Agent:
             config=cfg,
             client=self.client,
             objects=ObjectSource(self.client),
-            dns=DnsWriter(cfg.cluster_domain, lambda: self.services.store.values(), lambda: self._dns_pods().values()),
+            dns=DnsWriter(
+                cfg.cluster_domain,
+                lambda: self.services.store.values(),
+                lambda: self._dns_pods().values(),
+                shared_dir=cfg.state_dir / "dns",
+            ),
             status=StatusSyncer(self.client),
             ips=IpAllocator(cfg.pod_cidr, cfg.pod_gateway),
             setup_slots=asyncio.Semaphore(8),

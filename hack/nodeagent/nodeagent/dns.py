@@ -11,8 +11,8 @@ node identity needs no EndpointSlice access:
 - ClusterIP Service: the same names map to one Ready backing pod IP. There is no kube-proxy, so clients connect to
   the pod directly: such a Service works only when its `port` equals its `targetPort`.
 
-The files are rewritten in place (truncate + write; they are bind mounts, a rename would not be seen), and rewrites
-are debounced: a burst of pod changes costs one pass over this node's pods.
+The files are rewritten in place (truncate + write; they are bind mounts, a rename would not be seen), shared by the
+pods of a namespace on a node (see DnsWriter), and rewrites are debounced: a burst of pod changes costs one pass.
 """
 
 from __future__ import annotations
@@ -127,17 +127,33 @@ def own_hosts_line(pod: dict, ip: str, domain: str) -> str:
     return f"{ip}\t{host}"
 
 
-def hosts_file_text(pod: dict, ip: str, table: HostsTable, domain: str) -> str:
-    ns = pod["metadata"].get("namespace", "")
-    parts = [
+def _hosts_head(own_lines: list[str]) -> list[str]:
+    return [
         "# written by the ftjob node agent; rewritten when Services or Pods change",
         "127.0.0.1\tlocalhost",
         "::1\tlocalhost ip6-localhost ip6-loopback",
-        own_hosts_line(pod, ip, domain),
+        *own_lines,
+    ]
+
+
+def hosts_file_text(pod: dict, ip: str, table: HostsTable, domain: str, others: list[str] | None = None) -> str:
+    """A pod's hosts file: its own name first, then (`others`) the own names of pods sharing the file."""
+    ns = pod["metadata"].get("namespace", "")
+    parts = [
+        *_hosts_head([own_hosts_line(pod, ip, domain), *(others or [])]),
         table.per_namespace.get(ns, ""),
         table.common,
     ]
     return "\n".join(p for p in parts if p) + "\n"
+
+
+def shared_hosts_text(namespace: str, own_lines: list[str], table: HostsTable) -> str:
+    parts = [*_hosts_head(own_lines), table.per_namespace.get(namespace, ""), table.common]
+    return "\n".join(p for p in parts if p) + "\n"
+
+
+def pod_hostname(pod: dict) -> str:
+    return pod.get("spec", {}).get("hostname") or pod["metadata"]["name"]
 
 
 def resolv_conf_text(namespace: str, domain: str) -> str:
@@ -156,56 +172,97 @@ def write_in_place(path: Path, text: str) -> None:
 
 
 class DnsWriter:
-    """Keeps the hosts/resolv.conf files of this node's pods current."""
+    """Keeps the hosts/resolv.conf files of this node's pods current.
+
+    The names are the same for every pod of a namespace except each pod's own hostname, so the pods of one
+    namespace on this node share one hosts file (`<shared_dir>/<ns>.hosts`, which `/etc/netns/<netns>/hosts`
+    symlinks to; the bind mount follows the link) holding all their own names. A change then costs one write per
+    namespace instead of one per pod. A pod whose bare hostname is already taken by a sharing pod of its namespace
+    gets a private file instead, so its own name never resolves to another pod.
+    """
 
     def __init__(
         self,
         domain: str,
         services: Callable[[], Iterable[dict]],
         pods: Callable[[], Iterable[dict]],
+        shared_dir: Path,
         min_delay_s: float = 0.1,
     ) -> None:
         self.domain = domain
         self._services = services
         self._pods = pods
+        self.shared_dir = shared_dir
         self._min_delay_s = min_delay_s
         self._delay_s = min_delay_s
         self._dirty = asyncio.Event()
-        self._local: dict[str, tuple[dict, str]] = {}  # netns -> (pod, ip) for pods running on this node
-        self._written: dict[str, str] = {}  # netns -> hosts text last written
+        self._private: dict[str, tuple[dict, str]] = {}  # netns -> (pod, ip): pods with their own hosts file
+        self._shared: dict[str, dict[str, tuple[dict, str]]] = {}  # namespace -> netns -> (pod, ip)
+        self._written: dict[Path, str] = {}  # file -> text last written
         self.table = HostsTable("", {})
         self.rewrites = 0
 
     def mark_dirty(self) -> None:
         self._dirty.set()
 
+    def _shared_path(self, namespace: str) -> Path:
+        return self.shared_dir / f"{namespace}.hosts"
+
     def add_pod(self, netns: str, pod: dict, ip: str) -> None:
         """Writes the files for a new pod now (they must exist before its first container starts)."""
-        self._local[netns] = (pod, ip)
+        ns = pod["metadata"].get("namespace", "")
         folder = NETNS_ETC_DIR / netns
         folder.mkdir(parents=True, exist_ok=True)
-        write_in_place(folder / "resolv.conf", resolv_conf_text(pod["metadata"].get("namespace", ""), self.domain))
-        self._write_hosts(netns)
+        write_in_place(folder / "resolv.conf", resolv_conf_text(ns, self.domain))
+        hosts = folder / "hosts"
+        members = self._shared.setdefault(ns, {})
+        if hosts.is_symlink():
+            shared = True  # an adopted pod keeps the file its containers have bind-mounted
+        elif hosts.exists():
+            shared = False
+        else:
+            shared = pod_hostname(pod) not in {pod_hostname(p) for p, _ in members.values()}
+        if not shared:
+            self._private[netns] = (pod, ip)
+            self._write(hosts, self._private_text(netns))  # in place: an adopted pod has it bind-mounted
+            return
+        members[netns] = (pod, ip)
+        self.shared_dir.mkdir(parents=True, exist_ok=True)
+        self._write_shared(ns)
+        if not hosts.is_symlink():
+            hosts.symlink_to(self._shared_path(ns))
 
     def remove_pod(self, netns: str) -> None:
-        self._local.pop(netns, None)
-        self._written.pop(netns, None)
+        if self._private.pop(netns, None) is None:
+            for members in self._shared.values():
+                if members.pop(netns, None) is not None:
+                    self.mark_dirty()  # its own name leaves the shared file
+        self._written.pop(NETNS_ETC_DIR / netns / "hosts", None)
 
-    def _write_hosts(self, netns: str) -> None:
-        pod, ip = self._local[netns]
-        text = hosts_file_text(pod, ip, self.table, self.domain)
-        if self._written.get(netns) == text:
+    def _private_text(self, netns: str) -> str:
+        pod, ip = self._private[netns]
+        return hosts_file_text(pod, ip, self.table, self.domain)
+
+    def _write_shared(self, namespace: str) -> None:
+        members = self._shared.get(namespace) or {}
+        own = sorted(own_hosts_line(pod, ip, self.domain) for pod, ip in members.values())
+        self._write(self._shared_path(namespace), shared_hosts_text(namespace, own, self.table))
+
+    def _write(self, path: Path, text: str) -> None:
+        if self._written.get(path) == text:
             return
         try:
-            write_in_place(NETNS_ETC_DIR / netns / "hosts", text)
-            self._written[netns] = text
+            write_in_place(path, text)
+            self._written[path] = text
         except FileNotFoundError:
             pass  # the pod is being torn down
 
     def refresh(self) -> None:
         self.table = build_hosts_table(self._services(), self._pods(), self.domain)
-        for netns in list(self._local):
-            self._write_hosts(netns)
+        for namespace in list(self._shared):
+            self._write_shared(namespace)
+        for netns in list(self._private):
+            self._write(NETNS_ETC_DIR / netns / "hosts", self._private_text(netns))
         self.rewrites += 1
 
     async def run(self) -> None:
