@@ -124,3 +124,28 @@ def test_pod_deleted_while_its_agent_is_down_is_stopped_by_the_next_agent(
 
     wait_for(gone, 30, "the pod object to be deleted")
     wait_for(lambda: not _netns_pids(record["netns"]), 30, "no process left in the pod's netns")
+
+
+def test_never_pod_whose_process_died_while_the_agent_was_down_fails_and_is_not_rerun(
+    kube: Kube, namespace: str
+) -> None:
+    kube.core.create_namespaced_pod(
+        namespace, pod("once", "import time\nprint('started', flush=True)\ntime.sleep(3600)")
+    )
+    running = wait_phase(kube.core, namespace, "once", "Running")
+    wait_log(kube.kubeconfig, namespace, "once", "started")
+    node_dir = state_dir() / "nodes" / running.spec.node_name
+    record = json.loads((node_dir / "state" / "pods" / running.metadata.uid / "pod.json").read_text())
+    agent_pid = json.loads((node_dir / "agent.pid").read_text())["pid"]
+
+    os.kill(agent_pid, signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{agent_pid}").exists(), 30, "the agent to exit")
+    os.kill(record["pids"][0], signal.SIGKILL)
+    wait_for(lambda: not Path(f"/proc/{record['pids'][0]}").exists(), 30, "the pod's process to die")
+    cluster("up")
+
+    failed = wait_phase(kube.core, namespace, "once", "Failed")
+    state = failed.status.container_statuses[0]
+    assert state.state.terminated.reason == "ContainerStatusUnknown"
+    assert state.restart_count == 0
+    assert _netns_pids(record["netns"]) == [], "restartPolicy Never: the container must not run a second time"

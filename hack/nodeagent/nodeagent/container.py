@@ -98,6 +98,7 @@ class ContainerRunner:
         self._wake = asyncio.Event()
         self._probe_tasks: list[asyncio.Task] = []
         self._liveness_failed = False
+        self._lost = False
 
     # --- status -----------------------------------------------------------------------------------------------
     def status(self) -> dict:
@@ -176,11 +177,21 @@ class ContainerRunner:
         self.s.state = {"running": {"startedAt": started_at or now_rfc3339()}}
         self.s.started = True
 
-    async def run(self, launch_for_adopted: LaunchSpec | None = None) -> None:
+    def lost(self, restart_count: int, started_at: str) -> None:
+        """The recorded process ended while no agent watched it: report it and let the restart policy decide."""
+        self.s.restart_count = restart_count
+        self.s.state = {"running": {"startedAt": started_at or now_rfc3339()}}
+        self._record_exit(None)
+        self._lost = True
+
+    async def run(self) -> None:
         failures = 0
         try:
             while True:
-                if self.proc is None:
+                if self._lost:
+                    self._lost = False
+                    code = None
+                elif self.proc is None:
                     self.proc = await self._start()
                     if self.proc is None:
                         code = (self.s.state.get("terminated") or {}).get("exitCode")
@@ -191,8 +202,6 @@ class ContainerRunner:
                         )
                         self.on_started()
                 if self.proc is not None:
-                    if launch_for_adopted is not None and self.launch is None:
-                        self.launch = launch_for_adopted
                     began = time.monotonic()
                     self._start_probes()
                     code = await self.proc.exit_code

@@ -188,12 +188,13 @@ class PodWorker:
                 continue
             proc = ContainerProcess(rec.pid, rec.start_time, None)
             prev = by_name.get(r.name, {})
+            started = (prev.get("state", {}).get("running") or {}).get("startedAt", "")
+            restarts = max(rec.restart_count, prev.get("restartCount", 0))
             if proc.alive():
-                started = (prev.get("state", {}).get("running") or {}).get("startedAt", "")
-                r.adopt(proc, max(rec.restart_count, prev.get("restartCount", 0)), started)
-                adopted = True
+                r.adopt(proc, restarts, started)
             else:
-                r.s.restart_count = max(rec.restart_count, prev.get("restartCount", 0))
+                r.lost(restarts, started)  # restartPolicy decides: Never must not run it a second time
+            adopted = True
         initialized = any(
             c.get("type") == "Initialized" and c.get("status") == "True" for c in api_status.get("conditions") or []
         )
