@@ -1,0 +1,169 @@
+"""The Manager end to end: real lighthouse process, 2 replica groups of a tiny nn.Linear in subprocesses, gloo over
+loopback. Commit, rebuild-only-on-change, heal to bitwise-equal params, spare promotion, min_replicas, evict aborting
+a hung collective, and a lighthouse restart mid-run."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from ftjob.trainer import contract
+from helpers import wait_for
+from test_manager_worker import Lighthouse, Worker
+
+TIMEOUT = 120  # generous: 2 shared cores, and every process imports torch
+
+
+@pytest.fixture
+def procs():
+    started: list[Worker | Lighthouse] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def start(procs: list, proc: Worker | Lighthouse) -> Worker | Lighthouse:
+    procs.append(proc)
+    return proc
+
+
+def committed_steps(worker: Worker) -> list[int]:
+    return [e["step"] for e in worker.events("step") if e["committed"]]
+
+
+def assert_steps_only_move_forward(worker: Worker) -> None:
+    """Every commit moves the step by exactly one (after a heal: from the healed step); it never goes back."""
+    last = 0
+    for e in worker.events("step"):
+        if e["committed"]:
+            assert e["step"] == last + 1 or e["healed"], (worker.group, e, last)
+            assert e["step"] > last
+        else:
+            assert e["step"] >= last
+        last = e["step"]
+
+
+def test_two_groups_commit_every_step_build_one_process_group_and_stay_identical(tmp_path: Path, procs: list):
+    lh = start(procs, Lighthouse(tmp_path, "--min-replicas", "2").start())
+    workers = [start(procs, Worker(tmp_path, lh.url, g, "--steps", "12", "--min-replicas", "2")) for g in "01"]
+    done = [wait_for(w.done, TIMEOUT, f"group {w.group} to finish") for w in workers]
+    assert done[0]["digest"] == done[1]["digest"]  # bitwise-identical params
+    for d, w in zip(done, workers, strict=True):
+        assert d["step"] == 12 and d["metrics"]["commits"] == 12 and d["metrics"]["failed_commits"] == 0
+        assert d["metrics"]["pg_rebuilds"] == 1  # one membership for the whole run: one process group
+        assert {e["quorum_id"] for e in w.events("step")} == {1}
+        assert all(e["contributing"] and e["participants"] == 2 for e in w.events("step"))
+    assert done[0]["cursor"] == 24  # 2 contributors x 12 steps: every sample position consumed once
+    status = lh.status()
+    assert all(m["finished"] and m["param_digest"] == done[0]["digest"] for m in status["members"])
+
+
+def test_late_joiner_heals_to_identical_params_and_groups_rebuild_only_on_membership_change(
+    tmp_path: Path, procs: list
+):
+    lh = start(procs, Lighthouse(tmp_path, "--min-replicas", "1", "--join-timeout", "0.2").start())
+    first = start(procs, Worker(tmp_path, lh.url, "0", "--steps", "60", "--step-delay", "0.1"))
+    wait_for(lambda: first.last_step() >= 5, TIMEOUT, "group 0 to train alone")
+    late = start(procs, Worker(tmp_path, lh.url, "1", "--steps", "60", "--step-delay", "0.1"))
+    done = [wait_for(w.done, TIMEOUT, f"group {w.group} to finish") for w in (first, late)]
+    assert done[0]["digest"] == done[1]["digest"] and done[0]["cursor"] == done[1]["cursor"]
+    healed = [e for e in late.events("step") if e["healed"]]
+    assert len(healed) == 1 and healed[0]["step"] >= 5 and not healed[0]["contributing"]
+    assert done[1]["metrics"]["heals"] == 1
+    for d, w in zip(done, (first, late), strict=True):
+        assert d["metrics"]["pg_rebuilds"] == len({e["quorum_id"] for e in w.events("step")})
+        assert_steps_only_move_forward(w)
+    assert len({e["quorum_id"] for e in first.events("step")}) == 2  # alone, then with the joiner
+
+
+def test_spare_receives_gradients_and_is_promoted_when_the_contributor_dies(tmp_path: Path, procs: list):
+    lh = start(procs, Lighthouse(tmp_path, "--min-replicas", "1", "--replicas", "1").start())
+    workers = {g: start(procs, Worker(tmp_path, lh.url, g, "--steps", "400", "--step-delay", "0.05")) for g in "01"}
+
+    def both_in_quorum() -> bool:
+        return all(any(e["participants"] == 2 for e in w.events("step")) for w in workers.values())
+
+    wait_for(both_in_quorum, TIMEOUT, "both groups in one quorum")
+    steps = {g: [e for e in w.events("step") if e["participants"] == 2] for g, w in workers.items()}
+    contributor = "0" if steps["0"][-1]["contributing"] else "1"
+    spare = "1" if contributor == "0" else "0"
+    assert not steps[spare][-1]["contributing"]  # exactly one contributes, the other is a hot spare
+    workers[contributor].signal(signal.SIGKILL)
+    mark = len(workers[spare].events("step"))
+
+    def spare_promoted() -> bool:
+        return any(e["contributing"] and e["committed"] for e in workers[spare].events("step")[mark:])
+
+    wait_for(spare_promoted, TIMEOUT, "the spare to become a contributor")
+    assert_steps_only_move_forward(workers[spare])
+
+
+def test_below_min_replicas_nothing_commits_and_training_resumes_when_groups_return(tmp_path: Path, procs: list):
+    lh = start(procs, Lighthouse(tmp_path, "--min-replicas", "2", "--join-timeout", "0.2").start())
+    args = ("--steps", "40", "--min-replicas", "2", "--step-delay", "0.1")
+    g0 = start(procs, Worker(tmp_path, lh.url, "0", *args))
+
+    def blocked_on_min_replicas() -> bool:
+        s = lh.status()
+        return "min_replicas" in s["blocked_reason"] and any(m["asking"] for m in s["members"])
+
+    wait_for(blocked_on_min_replicas, TIMEOUT, "group 0 waiting for a second group")
+    assert g0.events("step") == []  # alone: not a single step committed
+    g1 = start(procs, Worker(tmp_path, lh.url, "1", *args))
+    wait_for(lambda: g0.last_step() >= 5, TIMEOUT, "training with two groups")
+    g1.signal(signal.SIGKILL)
+    wait_for(blocked_on_min_replicas, TIMEOUT, "group 0 blocked again after group 1 died")
+    stalled_at = g0.last_step()
+    wait_for(blocked_on_min_replicas, TIMEOUT, "group 0 still blocked")
+    assert g0.last_step() == stalled_at
+    g1b = start(procs, Worker(tmp_path, lh.url, "1", *args))
+    done = [wait_for(w.done, TIMEOUT, f"group {w.group} to finish") for w in (g0, g1b)]
+    assert done[0]["digest"] == done[1]["digest"] and done[0]["step"] == 40
+    assert all(e["participants"] == 2 for e in g0.events("step") if e["committed"])  # never below min_replicas
+    assert_steps_only_move_forward(g0)
+    assert any(e["healed"] for e in g1b.events("step"))
+
+
+def test_evict_aborts_a_hung_collective_long_before_any_timeout(tmp_path: Path, procs: list):
+    # Heartbeats and collectives would take 300 s to notice: only the evict call can unblock group 0 in time.
+    lh = start(
+        procs,
+        Lighthouse(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "300", "--join-timeout", "60").start(),
+    )
+    code, _ = lh.request("POST", contract.PATH_STARTING, {"groups": ["0", "1"]})  # first quorum waits for both
+    assert code == 200
+    common = ("--steps", "15", "--collective-timeout", "300", "--quorum-timeout", "300")
+    g0 = start(procs, Worker(tmp_path, lh.url, "0", *common))
+    g1 = start(procs, Worker(tmp_path, lh.url, "1", *common, "--hang-at-step", "5"))
+    wait_for(lambda: g1.events("hanging"), TIMEOUT, "group 1 to hang inside step 5")
+    code, body = lh.request("POST", contract.PATH_EVICT, {"groups": ["1"], "reason": "node unreachable"})
+    assert code == 200 and body["evicted"] == ["1"]
+    done = wait_for(g0.done, 60, "group 0 to finish without group 1")
+    assert done["step"] == 15 and done["metrics"]["aborted_collectives"] >= 1
+    failed = [e for e in g0.events("step") if not e["committed"]]
+    assert failed and "aborted" in failed[0]["error"] and failed[0]["step"] == 5
+    assert_steps_only_move_forward(g0)
+    assert any(h.get("reason") == "evicted: node unreachable" for h in lh.status()["history"])
+
+
+def test_lighthouse_killed_and_restarted_mid_run_loses_no_committed_step(tmp_path: Path, procs: list):
+    state = tmp_path / "lighthouse.json"
+    lh = start(
+        procs, Lighthouse(tmp_path, "--min-replicas", "2", "--join-timeout", "0.3", "--state-file", str(state)).start()
+    )
+    args = ("--steps", "50", "--min-replicas", "2", "--step-delay", "0.05")
+    workers = [start(procs, Worker(tmp_path, lh.url, g, *args)) for g in "01"]
+    wait_for(lambda: all(w.last_step() >= 10 for w in workers), TIMEOUT, "training to reach step 10")
+    lh.kill()
+    before = {w.group: w.last_step() for w in workers}
+    id_before = max(e["quorum_id"] for w in workers for e in w.events("step"))
+    lh.start()  # same port and state file; the managers keep retrying meanwhile
+    done = [wait_for(w.done, TIMEOUT, f"group {w.group} to finish") for w in workers]
+    assert done[0]["digest"] == done[1]["digest"] and done[0]["step"] == done[1]["step"] == 50
+    for w in workers:
+        assert_steps_only_move_forward(w)
+        after = [e["quorum_id"] for e in w.events("step") if e["step"] > before[w.group] + 1]
+        assert after and min(after) > id_before  # ids never reused after the restart
+        ids = [e["quorum_id"] for e in w.events("step")]
+        assert ids == sorted(ids)
