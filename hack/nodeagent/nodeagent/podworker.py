@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import Callable
 
+from .background import background
 from .commands import container_argv
 from .container import ContainerRunner, LaunchSpec, RestartPolicy
 from .context import NodeContext
@@ -58,6 +60,7 @@ class PodWorker:
         self.task: asyncio.Task | None = None
         self._delete_task: asyncio.Task | None = None
         self._gone = False  # deleted: no more status updates
+        self._refresher: asyncio.Task | None = None
         self._ended = 0  # containers terminated in the last pushed status
         self._was_ready = False
 
@@ -218,6 +221,8 @@ class PodWorker:
             past_init = self._adopt() if self.record and self.record.containers else False
             self.push_status()
             await self._build_volumes()
+            if self.volume_builder.refresh_at != float("inf"):
+                self._refresher = background(self._refresh_tokens(), name=f"tokens {self.key}")
             for r in self.runners:
                 if r.proc is not None:
                     try:
@@ -246,9 +251,21 @@ class PodWorker:
             self.init_failed = True
             self.push_status()
 
+    async def _refresh_tokens(self) -> None:
+        """Rewrites the volumes (new service account tokens) when 80% of a token's lifetime has passed."""
+        while not self.deleting and not self.finished:
+            await asyncio.sleep(max(1.0, self.volume_builder.refresh_at - time.time()))
+            try:
+                self.volumes = await self.volume_builder.build(self._pod_view())
+            except Exception as e:
+                log.warning("pod %s: refreshing projected tokens failed (%s); retrying in 60s", self.key, e)
+                self.volume_builder.refresh_at = time.time() + 60
+
     async def _finish(self) -> None:
         """Terminal phase reached: free the network, keep the logs until the pod is deleted."""
         self.finished = True
+        if self._refresher is not None:
+            self._refresher.cancel()
         self.push_status()
         await self._teardown_network()
         if self.record:
@@ -343,6 +360,8 @@ class PodWorker:
 
     async def _delete(self, grace_s: float | None, object_gone: bool) -> None:
         self.deleting = True
+        if self._refresher is not None:
+            self._refresher.cancel()
         grace = self.grace_s if grace_s is None else float(grace_s)
         log.info("pod %s: stopping (grace %.0fs)", self.key, grace)
         if not self.finished:
