@@ -218,3 +218,26 @@ def test_dns_writer_shares_one_file_per_namespace_and_isolates_duplicate_hostnam
     writer.refresh()
     assert (tmp_path / "shared" / "ns1.hosts").stat().st_ino == inode
     assert "10.1.0.9\tw1.peers.ns1.svc.cluster.local" in (tmp_path / "shared" / "ns1.hosts").read_text()
+
+
+def test_pod_status_conditions_follow_readiness_and_keep_transition_times() -> None:
+    from nodeagent.podstatus import ConditionClock, PodFacts, build_pod_status
+
+    clock = ConditionClock()
+    clock.seed([{"type": "Ready", "status": "False", "lastTransitionTime": "2020-01-01T00:00:00Z"}])
+    running = {"state": {"running": {"startedAt": "x"}}, "started": True, "ready": False}
+    facts = PodFacts([], [running], "Always", False, True, True, "10.0.0.11", "10.1.0.2", "t0", "")
+
+    first = build_pod_status(facts, clock)
+    conditions = {c["type"]: c for c in first["conditions"]}
+    assert first["phase"] == "Running" and first["podIP"] == "10.1.0.2"
+    assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "ContainersNotReady"
+    assert conditions["Ready"]["lastTransitionTime"] == "2020-01-01T00:00:00Z"  # unchanged status keeps its time
+
+    facts.main = [{**running, "ready": True}]
+    ready = {c["type"]: c for c in build_pod_status(facts, clock)["conditions"]}
+    assert ready["Ready"]["status"] == "True" and ready["Ready"]["lastTransitionTime"] != "2020-01-01T00:00:00Z"
+
+    facts.init_failed, facts.message = True, "node agent could not start the pod: boom"
+    failed = build_pod_status(facts, clock)
+    assert failed["phase"] == "Failed" and "boom" in failed["message"]

@@ -160,6 +160,16 @@ class Agent:
         if self.records:
             log.info("found %d pod record(s) from a previous run", len(self.records))
 
+    @staticmethod
+    async def _wait_synced(informer: Informer) -> None:
+        """Waits for an informer's first list, saying so every 10 s (its own log says why it cannot list)."""
+        while True:
+            try:
+                await asyncio.wait_for(informer.synced.wait(), timeout=10)
+                return
+            except TimeoutError:
+                log.warning("still waiting for the first list of %s", informer.name)
+
     async def run(self) -> None:
         self._load_records()
         await self.heartbeat.register()
@@ -171,10 +181,10 @@ class Agent:
         ]
         if self.all_pods is not None:
             tasks.append(asyncio.create_task(self.all_pods.run(), name="all-pods"))
-            await asyncio.wait_for(self.all_pods.synced.wait(), timeout=60)
-        await asyncio.wait_for(self.services.synced.wait(), timeout=60)
+            await self._wait_synced(self.all_pods)
+        await self._wait_synced(self.services)
         tasks.append(asyncio.create_task(self.pods.run(), name="pods"))
-        await asyncio.wait_for(self.pods.synced.wait(), timeout=60)
+        await self._wait_synced(self.pods)
         # Records whose pod no longer exists: kill what is left of them and free their network.
         for uid in list(self.records):
             log.info(

@@ -57,6 +57,51 @@ class ConditionClock:
                 self._seen[cond["type"]] = (cond.get("status", ""), cond["lastTransitionTime"])
 
 
+@dataclass
+class PodFacts:
+    """What the pod worker knows; build_pod_status turns it into the API's PodStatus."""
+
+    init: list[dict]  # containerStatus of each init container
+    main: list[dict]  # containerStatus of each container
+    policy: str
+    init_failed: bool
+    initialized: bool
+    network_ready: bool
+    node_ip: str
+    pod_ip: str
+    start_time: str
+    message: str
+
+
+def build_pod_status(f: PodFacts, clock: ConditionClock) -> dict:
+    phase = "Failed" if f.init_failed and not f.init else pod_phase(f.init, f.main, f.init_failed, f.policy)
+    terminal = phase in ("Succeeded", "Failed")
+    initialized = f.initialized or all((c["state"].get("terminated") or {}).get("exitCode") == 0 for c in f.init)
+    ready = phase == "Running" and bool(f.main) and all(c["ready"] for c in f.main)
+    why = "PodCompleted" if terminal else ("" if ready else "ContainersNotReady")
+    status: dict = {
+        "phase": phase,
+        "conditions": [
+            clock.condition("PodReadyToStartContainers", f.network_ready and not terminal),
+            clock.condition("Initialized", initialized, "" if initialized else "ContainersNotInitialized"),
+            clock.condition("ContainersReady", ready, why),
+            clock.condition("Ready", ready, why),
+            clock.condition("PodScheduled", True),
+        ],
+        "hostIP": f.node_ip,
+        "hostIPs": [{"ip": f.node_ip}],
+        "startTime": f.start_time,
+        "initContainerStatuses": f.init,
+        "containerStatuses": f.main,
+    }
+    if f.pod_ip:
+        status["podIP"] = f.pod_ip
+        status["podIPs"] = [{"ip": f.pod_ip}]
+    if f.message:
+        status["message"] = f.message
+    return status
+
+
 class StatusSyncer:
     """Sends pod status patches through a fixed pool of workers.
 

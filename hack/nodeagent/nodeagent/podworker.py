@@ -15,7 +15,7 @@ from .context import NodeContext
 from .envvars import container_env
 from .kubeapi import ApiError
 from .network import NETNS_RUN_DIR, PodNet, host_veth_name, netns_name, setup_pod_network, teardown_pod_network
-from .podstatus import ConditionClock, pod_phase
+from .podstatus import ConditionClock, PodFacts, build_pod_status
 from .process import ContainerProcess, stop_group
 from .state import ContainerRecord, PodRecord
 from .timeutil import now_rfc3339
@@ -284,39 +284,22 @@ class PodWorker:
 
     # --- status -----------------------------------------------------------------------------------------------
     def status(self) -> dict:
-        init = [r.status() for r in self.init_runners]
-        main = [r.status() for r in self.runners]
-        # A pod being deleted never restarts again: it ends Succeeded or Failed, as a kubelet reports it.
-        policy = "Never" if self.deleting else self.policy.policy
-        phase = pod_phase(init, main, self.init_failed, policy)
-        if self.init_failed and not self.init_runners:
-            phase = "Failed"
-        terminal = phase in ("Succeeded", "Failed")
-        initialized = self.initialized or all((c["state"].get("terminated") or {}).get("exitCode") == 0 for c in init)
-        ready = phase == "Running" and bool(main) and all(c["ready"] for c in main)
-        why = "PodCompleted" if terminal else ("" if ready else "ContainersNotReady")
-        conditions = [
-            self.clock.condition("PodReadyToStartContainers", self.network_ready and not terminal),
-            self.clock.condition("Initialized", initialized, "" if initialized else "ContainersNotInitialized"),
-            self.clock.condition("ContainersReady", ready, why),
-            self.clock.condition("Ready", ready, why),
-            self.clock.condition("PodScheduled", True),
-        ]
-        status: dict = {
-            "phase": phase,
-            "conditions": conditions,
-            "hostIP": self.ctx.config.node_ip,
-            "hostIPs": [{"ip": self.ctx.config.node_ip}],
-            "startTime": self.start_time,
-            "initContainerStatuses": init,
-            "containerStatuses": main,
-        }
-        if self.ip:
-            status["podIP"] = self.ip
-            status["podIPs"] = [{"ip": self.ip}]
-        if self.message:
-            status["message"] = self.message
-        return status
+        return build_pod_status(
+            PodFacts(
+                init=[r.status() for r in self.init_runners],
+                main=[r.status() for r in self.runners],
+                # A pod being deleted never restarts again: it ends Succeeded or Failed, as a kubelet reports it.
+                policy="Never" if self.deleting else self.policy.policy,
+                init_failed=self.init_failed,
+                initialized=self.initialized,
+                network_ready=self.network_ready,
+                node_ip=self.ctx.config.node_ip,
+                pod_ip=self.ip,
+                start_time=self.start_time,
+                message=self.message,
+            ),
+            self.clock,
+        )
 
     def push_status(self) -> None:
         if self._gone:
