@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import sys
 from pathlib import Path
 
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nodeagent: {e}", file=sys.stderr)
         return 2
     logging.getLogger("nodeagent").info("%s: %s", cfg.node_name, join_host_mount_namespace())
+    # One pidfd per running container: hundreds of pods outgrow the usual soft limit of 1024 descriptors.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     from nodeagent.agent import Agent
 
     try:

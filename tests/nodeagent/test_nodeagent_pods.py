@@ -48,8 +48,10 @@ def test_container_without_command_fails_with_reason_nocommand(kube: Kube, names
 
 SIGTERM_SCRIPT = """
 import signal, sys, time
+import os
 def on_term(*_):
-    open('/marker/got-sigterm', 'w').write('SIGTERM')
+    after = ' after preStop' if os.path.exists('/marker/prestop') else ''
+    open('/marker/got-sigterm', 'w').write('SIGTERM' + after)
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 print('handler installed', flush=True)
@@ -58,13 +60,19 @@ while True:
 """
 
 
-def test_delete_sends_sigterm_and_the_pod_disappears(kube: Kube, namespace: str, tmp_path) -> None:
+PRESTOP = "open('/marker/prestop', 'w').write('ran')"
+
+
+def test_delete_runs_prestop_then_sends_sigterm_and_the_pod_disappears(kube: Kube, namespace: str, tmp_path) -> None:
     marker_dir = tmp_path / "marker"
     marker_dir.mkdir()
     manifest = pod(
         "term",
         SIGTERM_SCRIPT,
-        container={"volumeMounts": [{"name": "marker", "mountPath": "/marker"}]},
+        container={
+            "volumeMounts": [{"name": "marker", "mountPath": "/marker"}],
+            "lifecycle": {"preStop": {"exec": {"command": ["python", "-c", PRESTOP]}}},
+        },
         volumes=[{"name": "marker", "hostPath": {"path": str(marker_dir), "type": "Directory"}}],
         terminationGracePeriodSeconds=60,
     )
@@ -84,7 +92,7 @@ def test_delete_sends_sigterm_and_the_pod_disappears(kube: Kube, namespace: str,
 
     # The handler exits at once, so the pod must go long before its 60 s grace period would force it.
     wait_for(gone, 30, "the deleted pod object to disappear")
-    assert (marker_dir / "got-sigterm").read_text() == "SIGTERM"
+    assert (marker_dir / "got-sigterm").read_text() == "SIGTERM after preStop"
 
 
 RESTARTS_UNTIL_THIRD = """
