@@ -184,3 +184,11 @@ def test_failing_liveness_probe_restarts_the_container(kube: Kube, namespace: st
     status = wait_for(restarted, 90, "the liveness probe to restart the container")
     assert status.last_state.terminated.exit_code == 143  # SIGTERM: python's default action
     assert "liveness" in status.last_state.terminated.message
+
+
+def test_host_network_pod_fails_with_a_message_saying_what_to_change(kube: Kube, namespace: str) -> None:
+    kube.core.create_namespaced_pod(namespace, pod("hostnet", "print('no')", hostNetwork=True))
+
+    done = wait_phase(kube.core, namespace, "hostnet", "Failed")
+
+    assert "drop hostNetwork" in done.status.message

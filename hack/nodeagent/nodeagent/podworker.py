@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Callable
 
+from .adoption import adopt_containers
 from .background import background
 from .commands import container_argv
 from .container import ContainerRunner, LaunchSpec, RestartPolicy
@@ -22,6 +23,11 @@ from .timeutil import now_rfc3339
 from .volumes import ConfigMissingError, VolumeBuilder, container_mounts
 
 log = logging.getLogger("nodeagent.pod")
+
+
+class UnsupportedPodError(ValueError):
+    """The pod asks for something this agent cannot provide; it fails with a message saying what."""
+
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -180,45 +186,21 @@ class PodWorker:
                 )
         self.record.save(self.dir)
 
-    def _adopt(self) -> bool:
-        """Re-attaches containers that outlived an agent restart; True when the pod had got past its init stage."""
-        api_status = self.pod.get("status", {})
-        by_name = {c["name"]: c for c in (api_status.get("containerStatuses") or [])}
-        adopted = False
-        for r in self.runners:
-            rec = self.record.containers.get(r.name) if self.record else None
-            if rec is None:
-                continue
-            proc = ContainerProcess(rec.pid, rec.start_time, None)
-            prev = by_name.get(r.name, {})
-            started = (prev.get("state", {}).get("running") or {}).get("startedAt", "")
-            restarts = max(rec.restart_count, prev.get("restartCount", 0))
-            if proc.alive():
-                r.adopt(proc, restarts, started)
-            else:
-                r.lost(restarts, started)  # restartPolicy decides: Never must not run it a second time
-            adopted = True
-        initialized = any(
-            c.get("type") == "Initialized" and c.get("status") == "True" for c in api_status.get("conditions") or []
-        )
-        if initialized or adopted:
-            init_by_name = {c["name"]: c for c in (api_status.get("initContainerStatuses") or [])}
-            for r in self.init_runners:
-                r.s.state = init_by_name.get(r.name, {}).get("state") or {
-                    "terminated": {"exitCode": 0, "reason": "Completed"}
-                }
-                r.final_exit = 0
-        return initialized or adopted
-
     # --- life -------------------------------------------------------------------------------------------------
     async def _run(self) -> None:
         try:
+            if self.spec.get("hostNetwork"):
+                raise UnsupportedPodError(
+                    "hostNetwork pods are not supported by the ftjob node agent: drop hostNetwork"
+                )
             await self._setup_network()
             if self.deleting:
                 return
             self.init_runners = [self._runner(c, True) for c in self.spec.get("initContainers") or []]
             self.runners = [self._runner(c, False) for c in self.spec.get("containers") or []]
-            past_init = self._adopt() if self.record and self.record.containers else False
+            past_init = False
+            if self.record and self.record.containers:
+                past_init = adopt_containers(self.init_runners, self.runners, self.record, self.pod.get("status", {}))
             self.push_status()
             await self._build_volumes()
             if self.volume_builder.refresh_at != float("inf"):
@@ -245,6 +227,11 @@ class PodWorker:
                 await self._finish()
         except asyncio.CancelledError:
             raise
+        except UnsupportedPodError as e:
+            log.warning("pod %s: %s", self.key, e)
+            self.message = str(e)
+            self.init_failed = True
+            self.push_status()
         except Exception as e:
             log.exception("pod %s: setup failed", self.key)
             self.message = f"node agent could not start the pod: {e}"
