@@ -14,6 +14,9 @@ from ftjob.operator.model import GroupState, JobSpec
 from ftjob.trainer import contract
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+# Defaults a template may override. gloo otherwise binds to whatever the process hostname resolves to, which can be
+# loopback inside a pod (then peers in other pods cannot connect); the pod network interface is eth0.
+DEFAULT_ENV = ({"name": "GLOO_SOCKET_IFNAME", "value": "eth0"},)
 
 
 def common_labels(job: str, role: str) -> dict[str, str]:
@@ -111,7 +114,8 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
     ours = {e["name"] for e in env}
     for container in pod_spec.get("containers") or []:
         user_env = [e for e in container.get("env") or [] if e.get("name") not in ours]
-        container["env"] = user_env + env  # ours win: the contract must hold whatever the template says
+        defaults = [d for d in DEFAULT_ENV if d["name"] not in {e.get("name") for e in user_env}]
+        container["env"] = user_env + defaults + env  # ours win: the contract must hold whatever the template says
     if group.avoid_node:
         pod_spec["affinity"] = _avoid_node(pod_spec.get("affinity"), group.avoid_node, group.avoid_required)
     return {

@@ -190,3 +190,24 @@ def lighthouse_status(core: client.CoreV1Api, ns: str, job: str) -> dict[str, An
     )
     with urllib.request.urlopen(req, timeout=3) as r:
         return json.loads(r.read())
+
+
+def kill_pod_processes(pod: client.V1Pod) -> int:
+    """SIGKILL every process of a pod (all of its network namespace), as when the trainer crashes or is OOM-killed;
+    the node agent then reports the pod Failed with a non-zero exit code. Returns how many were killed."""
+    from helpers import state_dir
+
+    settings = json.loads((state_dir() / "cluster.json").read_text())
+    netns = f"{settings.get('netns_prefix', 'ftj')}-p" + pod.metadata.uid.replace("-", "")[:10]
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True).stdout
+    pids = [int(p) for p in out.split()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def pod_log(core: client.CoreV1Api, ns: str, name: str) -> str:
+    return core.read_namespaced_pod_log(name, ns)
