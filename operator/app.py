@@ -18,6 +18,7 @@ from ftjob.operator.jobs import JobRegistry
 from ftjob.operator.kubeapi import KubeApi, load_client
 from ftjob.operator.leader import LeaderElector, LeaseConfig
 from ftjob.operator.settings import Settings
+from ftjob.trainer import contract
 
 log = logging.getLogger("ftjob.operator")
 EXIT_LOST_LEADERSHIP = 3
@@ -43,6 +44,13 @@ async def run(settings: Settings) -> int:
     code = 0
     jobs = JobRegistry(kube)
     try:
+        if not await kube.crd_served():
+            log.error(
+                "the apiserver does not serve %s/%s %s: install the CRD first "
+                "(kubectl apply -f crds/ftjob.dev_faulttoleranttrainingjobs.yaml)",
+                contract.API_GROUP, contract.API_VERSION, contract.PLURAL,
+            )  # fmt: skip
+            return 2
         if elector is not None:
             acquiring = asyncio.create_task(elector.acquire())
             stopping = asyncio.create_task(stop.wait())

@@ -31,6 +31,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
     settings.posting.enabled = False  # we post our own Events; kopf's per-log-line Events would flood pods
+    # No namespace/CRD scanning: nothing to list cluster-wide (least privilege). app.py checks the CRD is served.
+    settings.scanning.disabled = True
     settings.networking.request_timeout = 30
     settings.execution.max_workers = 8
 
@@ -40,8 +42,10 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_via_client(**kwargs)
 
 
+# Every handler is async: kopf runs sync handlers on a thread pool, and waking a worker (asyncio.Event.set) is only
+# safe on the event loop; the pure index functions are cheap enough to run inline too.
 @kopf.index("pods", labels=MANAGED, registry=REGISTRY)
-def ftjob_pods(
+async def ftjob_pods(
     namespace: str, meta: Any, spec: Any, status: Any, labels: Any, **_: Any
 ) -> dict[tuple[str, str], PodView] | None:
     job = labels.get(contract.LABEL_JOB)
@@ -51,20 +55,20 @@ def ftjob_pods(
 
 
 @kopf.index("nodes", registry=REGISTRY)
-def ftjob_nodes(name: str, status: Any, **_: Any) -> dict[str, bool]:
+async def ftjob_nodes(name: str, status: Any, **_: Any) -> dict[str, bool]:
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     return {name: ready}
 
 
 @kopf.on.event("pods", labels=MANAGED, registry=REGISTRY)
-def pod_event(namespace: str, labels: Any, memo: kopf.Memo, **_: Any) -> None:
+async def pod_event(namespace: str, labels: Any, memo: kopf.Memo, **_: Any) -> None:
     job = labels.get(contract.LABEL_JOB)
     if job:
         _jobs(memo).wake((namespace, job))
 
 
 @kopf.on.event("nodes", registry=REGISTRY)
-def node_event(name: str, status: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def node_event(name: str, status: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     seen: dict[str, bool] = memo.setdefault("node_ready_seen", {})
     if seen.get(name) != ready:

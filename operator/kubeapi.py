@@ -100,6 +100,16 @@ class KubeApi:
             if e.status != 404:
                 raise
 
+    async def crd_served(self) -> bool:
+        """True when the apiserver serves our resource (API discovery needs no extra permission)."""
+        try:
+            resources = await self._call(self.custom.get_api_resources, contract.API_GROUP, contract.API_VERSION)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.name == contract.PLURAL for r in resources.resources or [])
+
     # --- reads and status -------------------------------------------------------------------------------------------
     async def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         import base64

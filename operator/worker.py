@@ -203,8 +203,10 @@ class JobWorker:
         results = await asyncio.gather(
             *(self.lighthouse.evict(base, self.token, [group], reason) for group, reason in a.evict)
         )
-        for ok in results:
+        for (group, reason), ok in zip(a.evict, results, strict=True):
             metrics.LIGHTHOUSE_CALLS.labels("evict", "ok" if ok else "error").inc()
+            if ok:
+                log.info("%s/%s: lighthouse evicted group %s (%s)", self.namespace, self.name, group, reason)
 
     async def _tell_lighthouse(self, base: str | None, spec: JobSpec, result: Result) -> bool:
         """Starting groups and the desired contributor count; True when something must be retried."""

@@ -171,3 +171,40 @@ def test_delete_removes_everything(kube, namespace, operators):
         kube.custom.get_namespaced_custom_object(contract.API_GROUP, contract.API_VERSION, namespace,
                                                  contract.PLURAL, "dl")  # fmt: skip
     assert e.value.status == 404
+
+
+def test_success_then_ttl_deletes_the_job(kube, namespace, operators):
+    operators()
+    done = ["python", "-c", "print('FTJOB_DONE group=x step=0 digest=none')"]
+    create_job(kube.custom, namespace, job_manifest("ok", command=done, replicas=2, ttlSecondsAfterFinished=3))
+    job = wait_for(lambda: (j := get_job(kube.custom, namespace, "ok")) and condition(j, "Succeeded") and j, 120,
+                   "condition Succeeded")  # fmt: skip
+    assert job["status"]["completionTime"] and job["status"]["totalRestarts"] == 0
+    assert {g["phase"] for g in job["status"]["replicaGroups"]} == {"Succeeded"}
+
+    def deleted() -> bool:
+        try:
+            get_job(kube.custom, namespace, "ok")
+            return False
+        except client.ApiException as e:
+            return e.status == 404
+
+    wait_for(deleted, 60, "the job deleted by ttlSecondsAfterFinished")
+
+
+def test_lighthouse_loss_is_repaired_without_touching_workers(kube, namespace, operators):
+    operators()
+    create_job(kube.custom, namespace, job_manifest("lh", replicas=2))
+    before = wait_for(lambda: (g := running_groups(kube.core, namespace, "lh")) and len(g) == 2 and g, 120,
+                      "2 groups running")  # fmt: skip
+    old = wait_for(lambda: lighthouse_pod(kube.core, namespace, "lh"), 60, "the lighthouse running")
+    kube.core.delete_namespaced_pod(old.metadata.name, namespace, grace_period_seconds=0)
+    new = wait_for(lambda: (p := lighthouse_pod(kube.core, namespace, "lh")).metadata.name == "lh-lighthouse-1" and p,
+                   120, "a new lighthouse generation")  # fmt: skip
+    assert new.metadata.uid != old.metadata.uid
+    # the new lighthouse is told the desired count, and the untouched groups heartbeat to it through the Service
+    wait_for(lambda: (s := lighthouse_status(kube.core, namespace, "lh"))["desired_replicas"] == 2
+             and len(s["members"]) == 2, 60, "the new lighthouse knows both groups")  # fmt: skip
+    assert uids(running_groups(kube.core, namespace, "lh")) == uids(before)
+    job = get_job(kube.custom, namespace, "lh")
+    assert job["status"]["restartsByReason"] == {"LighthouseFailed": 1}

@@ -1,0 +1,167 @@
+"""Unit tests of the pure parts around the planner: manifests, status round-trip, lighthouse parsing, settings."""
+
+from __future__ import annotations
+
+import pytest
+from ftjob.operator import builders
+from ftjob.operator.lighthouse_view import LighthouseView
+from ftjob.operator.model import GroupState, JobSpec, PodView
+from ftjob.operator.plan import Observed, plan
+from ftjob.operator.settings import parse
+from ftjob.operator.status import build_status, state_from_status
+from ftjob.trainer import contract
+from podfactory import JOB, healthy_job, spec, worker
+
+NOW = 2_000_000.0
+
+
+def env_of(pod: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_worker_pod_carries_identity_dns_contract_env_and_user_template():
+    s = spec(
+        template={
+            "metadata": {"labels": {"team": "x"}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": "img",
+                        "env": [{"name": "RANK", "value": "99"}, {"name": "MINE", "value": "1"}],
+                        "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                    }
+                ],
+                "nodeSelector": {"pool": "gpu"},
+            },
+        }
+    )
+    pod = builders.worker_pod(JOB, "ns", s, GroupState(index=2, generation=3), rank=1)
+    assert pod["metadata"]["name"] == "demo-g2-3-r1"
+    labels = pod["metadata"]["labels"]
+    assert labels["team"] == "x" and labels[contract.LABEL_GROUP] == "2" and labels[contract.LABEL_GENERATION] == "3"
+    assert pod["spec"]["hostname"] == "demo-g2-3-r1" and pod["spec"]["subdomain"] == "demo-g2"
+    assert pod["spec"]["restartPolicy"] == "Never" and pod["spec"]["nodeSelector"] == {"pool": "gpu"}
+    env = env_of(pod)
+    assert env["RANK"]["value"] == "1", "the contract must win over the template"
+    assert env["MINE"]["value"] == "1" and env["WORLD_SIZE"]["value"] == "2"
+    assert env[contract.ENV_MASTER_ADDR]["value"] == "demo-g2-3-r0.demo-g2.ns.svc.cluster.local"
+    assert env[contract.ENV_LIGHTHOUSE_URL]["value"] == "http://demo-lighthouse.ns.svc.cluster.local:29510"
+    assert env[contract.ENV_TOKEN]["valueFrom"]["secretKeyRef"] == {"name": "demo-ftjob-token", "key": "token"}
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "affinity" not in pod["spec"]
+    assert s.template["spec"]["containers"][0]["env"][0]["value"] == "99", "the job's template was mutated"
+
+
+def test_single_rank_group_meets_itself_on_its_pod_ip():
+    pod = builders.worker_pod(JOB, "ns", spec(podsPerReplica=1), GroupState(index=0), rank=0)
+    assert env_of(pod)[contract.ENV_MASTER_ADDR]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_replacement_avoids_the_failed_node_and_keeps_template_affinity(required):
+    term = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}
+    template = {
+        "spec": {
+            "containers": [{"name": "t", "image": "i"}],
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+            },
+        }
+    }
+    g = GroupState(index=0, generation=1, avoid_node="node-7", avoid_required=required)
+    affinity = builders.worker_pod(JOB, "ns", spec(template=template), g, 0)["spec"]["affinity"]["nodeAffinity"]
+    avoid = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-7"]}
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["key"] == "pool"
+    if required:
+        assert avoid in terms[0]["matchExpressions"]
+    else:
+        assert affinity["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]["matchExpressions"] == [
+            avoid
+        ]
+
+
+def test_lighthouse_pod_and_services():
+    s = spec(lighthouse={"heartbeatTimeoutSeconds": 7, "resources": {"requests": {"cpu": "1"}}})
+    pod = builders.lighthouse_pod(JOB, "ns", s, 2)
+    c = pod["spec"]["containers"][0]
+    assert pod["metadata"]["name"] == "demo-lighthouse-2" and c["command"] == ["ftjob-trainer", "lighthouse"]
+    assert c["image"] == "ftjob-trainer" and c["resources"] == {"requests": {"cpu": "1"}}
+    env = {e["name"]: e for e in c["env"]}
+    assert env[contract.ENV_HEARTBEAT_TIMEOUT_S]["value"] == "7"
+    assert env[contract.ENV_LIGHTHOUSE_BIND]["value"] == "0.0.0.0:29510"
+    svc = builders.group_service(JOB, "ns", 4)
+    assert svc["metadata"]["name"] == "demo-g4" and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] and svc["spec"]["ports"][0]["targetPort"] == 29500
+    secret = builders.token_secret(JOB, "ns")
+    assert len(secret["stringData"]["token"]) >= 32
+    assert secret["stringData"]["token"] != builders.token_secret(JOB, "ns")["stringData"]["token"]
+
+
+def test_pod_view_reads_exit_codes_and_termination():
+    view = PodView.from_pod(
+        {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z",
+         "labels": {contract.LABEL_GROUP: "1", contract.LABEL_GENERATION: "2", contract.LABEL_ROLE: "worker"}},
+        {"nodeName": "n1"},
+        {"phase": "Failed", "containerStatuses": [
+            {"name": "side", "state": {"terminated": {"exitCode": 0}}},
+            {"name": "trainer", "state": {"terminated": {"exitCode": 137}}}]},
+    )  # fmt: skip
+    assert (view.group, view.generation, view.exit_code, view.exit_container) == (1, 2, 137, "trainer")
+    assert view.deletion_time is not None and view.node == "n1" and view.terminal
+
+
+def test_status_round_trips_the_operator_memory_and_shows_progress():
+    s = spec()
+    r = plan(JOB, s, state_from_status(None), Observed(healthy_job(s), None, set(), NOW))
+    pods = healthy_job(s)
+    pods[pods.index(worker(0, 0))] = worker(0, 0, phase="Failed", exit_code=1)
+    r = plan(JOB, s, r.state, Observed(pods, None, set(), NOW + 1))
+    lh = LighthouseView.parse(
+        {"quorum_id": 7, "max_step": 42, "quorum_groups": ["1", "2"],
+         "members": [{"group": "1", "step": 42, "contributing": True, "in_quorum": True},
+                     {"group": "2", "step": 42, "contributing": True, "finished": True, "param_digest": "abc"}],
+         "history": [{"event": "dropped", "group": "0", "reason": "evicted: pod died"}]}
+    )  # fmt: skip
+    status = build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases, pods=pods, lighthouse=lh,
+                          previous=None, generation=3, now=NOW + 1)  # fmt: skip
+    assert status["quorum"] == {"id": 7, "size": 2, "step": 42}
+    assert status["totalRestarts"] == 1 and status["restartsByReason"] == {"ExitCode": 1}
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Recovering"]["status"] == "True" and conds["Degraded"]["status"] == "True"
+    assert conds["Running"]["status"] == "True" and status["phase"] == "Recovering"
+    assert all(c["observedGeneration"] == 3 for c in conds.values())
+    g2 = next(g for g in status["replicaGroups"] if g["index"] == 2)
+    assert g2["paramDigest"] == "abc" and g2["finished"] and g2["step"] == 42
+    assert lh.evicted == {"0": "evicted: pod died"} and lh.finished_groups == {2}
+    back = state_from_status(status)
+    assert back.groups == r.state.groups and back.total_restarts == 1 and back.start_time == pytest.approx(NOW, abs=1)
+    # an unchanged condition keeps its transition time
+    again = build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases, pods=pods, lighthouse=lh,
+                         previous=status, generation=3, now=NOW + 500)  # fmt: skip
+    assert {c["type"]: c["lastTransitionTime"] for c in again["conditions"]} == {
+        c["type"]: c["lastTransitionTime"] for c in status["conditions"]
+    }
+
+
+def test_spec_defaults_match_the_crd():
+    s = JobSpec.from_dict({"template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}})
+    assert (s.replicas, s.min_replicas, s.pods_per_replica, s.spare_replicas) == (1, 1, 1, 0)
+    fp = s.failure_policy
+    assert (fp.max_restarts_per_group, fp.restart_window_s, fp.max_total_restarts) == (3, 600, 20)
+    assert (fp.backoff_base_s, fp.backoff_max_s) == (1, 60)
+    assert (s.lighthouse.join_timeout_s, s.lighthouse.heartbeat_timeout_s) == (1, 5)
+
+
+def test_cli_settings_and_clear_errors(capsys):
+    st = parse(["--namespace", "a", "--namespace", "b", "--no-leader-election", "--metrics-port", "0"])
+    assert st.namespaces == ("a", "b") and not st.all_namespaces and not st.leader_election
+    assert st.lease_namespace == "a" and st.metrics_port == 0
+    assert parse([]).all_namespaces
+    with pytest.raises(SystemExit):
+        parse(["--lease-duration", "1"])
+    assert "--lease-duration must be at least 2 seconds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["--health-port", "70000"])
+    assert "--health-port must be between 0 and 65535" in capsys.readouterr().err
