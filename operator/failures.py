@@ -23,6 +23,7 @@ REASON_EVICTED = "Evicted"
 REASON_NODE_LOST = "NodeLost"
 REASON_POD_DELETED = "PodDeleted"
 REASON_LIGHTHOUSE = "LighthouseFailed"
+REASON_HEARTBEAT_LOST = "HeartbeatLost"  # pods run, but the group left the lighthouse (hung, or cut off)
 
 # A pod still Terminating this long after its deletionTimestamp (grace already included) is force-deleted:
 # its node is not going to confirm the deletion.

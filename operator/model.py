@@ -174,6 +174,7 @@ class PodView:
     reason: str  # status.reason, e.g. "Evicted"
     exit_code: int | None  # first non-zero terminated exit code (0 when all exited cleanly)
     exit_container: str | None
+    owner_uid: str | None = None  # the controlling job's uid: a recreated job never adopts its predecessor's pods
 
     @property
     def terminal(self) -> bool:
@@ -193,6 +194,7 @@ class PodView:
                 exit_code, exit_container = code, cs.get("name")
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         deletion = meta.get("deletionTimestamp")
+        owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
         return cls(
             name=meta["name"],
             uid=meta.get("uid", ""),
@@ -208,6 +210,7 @@ class PodView:
             reason=status.get("reason") or "",
             exit_code=exit_code,
             exit_container=exit_container,
+            owner_uid=owner,
         )
 
 

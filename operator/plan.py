@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ftjob.operator import names
 from ftjob.operator.failures import (
+    REASON_HEARTBEAT_LOST,
     REASON_LIGHTHOUSE,
     Failure,
     decide_restart,
@@ -23,6 +24,7 @@ from ftjob.operator.failures import (
 from ftjob.operator.model import (
     ACTION_FAIL_JOB,
     ACTION_IGNORE,
+    ACTION_RESTART_GROUP,
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
     GroupState,
@@ -52,6 +54,8 @@ class Observed:
     deleting: set[str]  # pods this operator already asked to delete
     now: float
     finished_groups: set[int] = field(default_factory=set)  # groups the lighthouse reports finished
+    # groups whose pods run but which stopped heartbeating to the lighthouse (hung or cut off): group -> why
+    silent_groups: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -205,6 +209,9 @@ def _groups(
             phases[idx] = PHASE_SUCCEEDED
             continue
         failure = detect_failure(current, expected, g.all_pods_seen, obs.deleting, obs.node_ready, policy)
+        if failure is None and idx in obs.silent_groups and current:
+            failure = Failure(REASON_HEARTBEAT_LOST, obs.silent_groups[idx], current[0].name, current[0].node, None,
+                              ACTION_RESTART_GROUP, False)  # fmt: skip
         if failure is not None:
             if s.completing_since is not None:
                 phases[idx] = PHASE_FAILED  # training is over: a late failure is not replaced

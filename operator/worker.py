@@ -37,6 +37,7 @@ LIGHTHOUSE_POLL_S = 2.0
 STATUS_MIN_INTERVAL_S = 0.5
 RETRY_S = 0.5
 ERROR_BACKOFF_S = 2.0
+SILENCE_MIN_S = 10.0
 
 
 class JobWorker:
@@ -66,6 +67,9 @@ class JobWorker:
         self.lh_view: LighthouseView | None = None
         self.lh_polled = 0.0
         self.lh_retry_at = 0.0
+        self.lh_polled_base: str | None = None
+        self.joined: dict[int, int] = {}  # group -> generation in which the lighthouse last listed it
+        self.absent_since: dict[int, float] = {}
         self.last_status: dict[str, Any] | None = (body.get("status") or None) and dict(body["status"])
         self.last_status_write = 0.0
         self.task: asyncio.Task[None] | None = None
@@ -114,7 +118,8 @@ class JobWorker:
     # --- one reconcile ----------------------------------------------------------------------------------------------
     def _observe(self) -> list[PodView]:
         store = self.pod_index.get((self.namespace, self.name))
-        return list(store) if store else []
+        uid = self.body["metadata"].get("uid")
+        return [p for p in store or [] if p.owner_uid in (None, uid)]
 
     def _node_ready(self) -> dict[str, bool] | None:
         if not self.node_index:
@@ -133,7 +138,8 @@ class JobWorker:
         now = time.time()
         await self._poll_lighthouse(pods, now)
         finished = self.lh_view.finished_groups if self.lh_view else set()
-        obs = Observed(pods, self._node_ready(), set(self.deleting), now, finished)
+        silent = self._silent_groups(spec, now)
+        obs = Observed(pods, self._node_ready(), set(self.deleting), now, finished, silent)
         result = plan(self.name, spec, self.state, obs)
         a = result.actions
         lh_base = self._lighthouse_base(pods, self.state)
@@ -153,9 +159,7 @@ class JobWorker:
             self.pending_starting.update(a.starting)
         retry = await self._tell_lighthouse(self._lighthouse_base(pods, result.state), spec, result)
         for ev in a.events:
-            task = asyncio.create_task(self.kube.post_event(body, ev.type, ev.reason, ev.message))
-            self.background.add(task)  # Events go out without delaying the reconcile
-            task.add_done_callback(self.background.discard)
+            self._event(ev.type, ev.reason, ev.message)
             log.info("%s/%s %s: %s", self.namespace, self.name, ev.reason, ev.message)
         for reason in a.restarts:
             metrics.GROUP_RESTARTS.labels(reason).inc()
@@ -175,6 +179,11 @@ class JobWorker:
             waits.append(LIGHTHOUSE_POLL_S)
         return max(0.0, min(w for w in waits if w is not None))
 
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        task = asyncio.create_task(self.kube.post_event(self.body, type_, reason, message))
+        self.background.add(task)  # Events go out without delaying the reconcile
+        task.add_done_callback(self.background.discard)
+
     # --- lighthouse -------------------------------------------------------------------------------------------------
     def _lighthouse_base(self, pods: list[PodView], state: JobState) -> str | None:
         name = names.lighthouse_pod(self.name, state.lighthouse_generation)
@@ -182,6 +191,27 @@ class JobWorker:
             if p.name == name and p.ip and p.phase == "Running" and p.deletion_time is None:
                 return base_url(p.ip)
         return None
+
+    def _silent_groups(self, spec: JobSpec, now: float) -> dict[int, str]:
+        """Groups that joined the lighthouse in their current generation and then vanished from it for longer than
+        twice its heartbeat timeout while their pods kept running: hung or cut off, so replaced. Memory only: after
+        an operator restart a group must be seen joining again first."""
+        if self.lh_view is None or self.state is None:
+            return {}
+        limit = max(2 * spec.lighthouse.heartbeat_timeout_s, SILENCE_MIN_S)
+        silent: dict[int, str] = {}
+        for idx, g in self.state.groups.items():
+            if str(idx) in self.lh_view.groups:
+                self.joined[idx] = g.generation
+                self.absent_since.pop(idx, None)
+                continue
+            if self.joined.get(idx) != g.generation:
+                continue
+            since = self.absent_since.setdefault(idx, now)
+            if now - since > limit:
+                why = self.lh_view.evicted.get(str(idx), "no longer a member")
+                silent[idx] = f"replica group {idx} left the lighthouse ({why}) {now - since:.0f}s ago but its pods run"
+        return silent
 
     async def _poll_lighthouse(self, pods: list[PodView], now: float, force: bool = False) -> None:
         if self.state is None or self.token is None or (not force and now - self.lh_polled < LIGHTHOUSE_POLL_S):
@@ -193,6 +223,10 @@ class JobWorker:
         view = await self.lighthouse.status(base, self.token)
         metrics.LIGHTHOUSE_CALLS.labels("status", "ok" if view else "error").inc()
         if view is not None:
+            if base != self.lh_polled_base:  # a new lighthouse: every group must be seen joining it again
+                self.joined.clear()
+                self.absent_since.clear()
+                self.lh_polled_base = base
             self.lh_view = view
 
     async def _evict(self, base: str | None, a: Actions) -> None:
@@ -207,6 +241,7 @@ class JobWorker:
             metrics.LIGHTHOUSE_CALLS.labels("evict", "ok" if ok else "error").inc()
             if ok:
                 log.info("%s/%s: lighthouse evicted group %s (%s)", self.namespace, self.name, group, reason)
+                self._event("Normal", "LighthouseEvicted", f"the lighthouse dropped replica group {group}: {reason}")
 
     async def _tell_lighthouse(self, base: str | None, spec: JobSpec, result: Result) -> bool:
         """Starting groups and the desired contributor count; True when something must be retried."""

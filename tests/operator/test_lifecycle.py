@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ftjob.trainer import contract
-from helpers import kubectl, wait_for
+from helpers import cluster, kubectl, wait_for
 from kubernetes import client
 from opkit import (
     condition,
@@ -208,3 +208,20 @@ def test_lighthouse_loss_is_repaired_without_touching_workers(kube, namespace, o
     assert uids(running_groups(kube.core, namespace, "lh")) == uids(before)
     job = get_job(kube.custom, namespace, "lh")
     assert job["status"]["restartsByReason"] == {"LighthouseFailed": 1}
+
+
+def test_group_cut_off_from_the_lighthouse_is_replaced(kube, namespace, operators):
+    """A partitioned (or hung) group whose pods keep running: the lighthouse drops it on heartbeat timeout and the
+    operator replaces it once it stayed away (here 10 s), leaving the other group alone."""
+    operators()
+    create_job(kube.custom, namespace, job_manifest("cut", replicas=2, lighthouse={"heartbeatTimeoutSeconds": 2}))
+    before = wait_for(lambda: (g := running_groups(kube.core, namespace, "cut")) and len(g) == 2 and g, 120,
+                      "2 groups running")  # fmt: skip
+    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "cut")["members"]) == 2, 60, "2 lighthouse members")
+    victim = before[1][0].metadata.name
+    cluster("cut-pod", f"{namespace}/{victim}")
+    after = wait_for(lambda: (g := running_groups(kube.core, namespace, "cut")) and len(g) == 2
+                     and g[1][0].metadata.name != victim and g, 120, "group 1 replaced")  # fmt: skip
+    assert uids(after)[0] == uids(before)[0]
+    job = get_job(kube.custom, namespace, "cut")
+    assert job["status"]["restartsByReason"] == {"HeartbeatLost": 1}, job["status"]

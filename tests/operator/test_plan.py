@@ -258,3 +258,11 @@ def test_stuck_terminating_old_pod_is_force_deleted():
     old = worker(0, 0, generation=7, deletion_time=NOW - 60)
     r = run(s, state, [*healthy_job(s), old], deleting={old.name})
     assert (old.name, True) in r.actions.delete_pods
+
+
+def test_silent_group_with_running_pods_is_replaced_as_heartbeat_lost():
+    s = spec()
+    state = steady(s)
+    r = plan(JOB, s, state, Observed(healthy_job(s), NODES, set(), NOW, set(), {2: "left the lighthouse"}))
+    assert r.state.groups[2].generation == 1 and r.state.restarts_by_reason == {"HeartbeatLost": 1}
+    assert r.actions.evict == [(2, "left the lighthouse")]
