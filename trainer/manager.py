@@ -230,8 +230,8 @@ class Manager:
         info = self._info
         if info is None:
             raise RuntimeError("allreduce_gradients() called before start_quorum() for this step")
-        if self._step_error is not None:
-            return
+        if self._step_error is not None and self._pg.quorum_id != self._inflight:
+            return  # no process group for this quorum: nothing to take part in
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -240,22 +240,27 @@ class Manager:
         by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for g in grads:
             by_kind.setdefault((g.dtype, g.device), []).append(g)
+        # A step that already failed (e.g. its heal) still takes part, sending zeros, so its peers are not left
+        # waiting for a collective timeout; its own result is discarded by should_commit().
+        send = info.contributing and self._step_error is None
         for (dtype, device), group in by_kind.items():
             current: list[torch.Tensor] = []
             size = 0
             for g in group:
                 if current and (size + g.numel()) * g.element_size() > self.cfg.bucket_bytes:
-                    buckets.append(self._bucket(current, size, dtype, device, info.contributing))
+                    buckets.append(self._bucket(current, size, dtype, device, send))
                     current, size = [], 0
                 current.append(g)
                 size += g.numel()
             if current:
-                buckets.append(self._bucket(current, size, dtype, device, info.contributing))
+                buckets.append(self._bucket(current, size, dtype, device, send))
         try:
             self._pg.allreduce_sum([b for b, _ in buckets], self._should_abort)
         except CollectiveError as e:
             self.metrics["aborted_collectives"] += 1
             self._fail(str(e))
+            return
+        if self._step_error is not None:
             return
         for flat, members in buckets:
             if info.num_contributors > 1:

@@ -172,13 +172,15 @@ def unpack(meta: Any, tensors: list[dict[str, Any]], buffer: torch.Tensor, templ
         if _is_dtensor(like):
             mesh_of_like, placements_of_like = like.device_mesh, like.placements
             return DTensor.from_local(
-                local, mesh_of_like, placements_of_like, shape=spec["shape"], stride=spec["stride"]
+                local, mesh_of_like, placements_of_like, shape=torch.Size(spec["shape"]), stride=tuple(spec["stride"])
             )
         mesh = mesh or _any_mesh(template)
         if mesh is None:
             raise CodecError("received a sharded (DTensor) state but this rank's own state has no device mesh")
         placements = [_placement_from_json(p) for p in spec["placements"]]
-        return DTensor.from_local(local, mesh, placements, shape=spec["shape"], stride=spec["stride"])
+        return DTensor.from_local(
+            local, mesh, placements, shape=torch.Size(spec["shape"]), stride=tuple(spec["stride"])
+        )
 
     def decode(obj: Any, path: list[Any]) -> Any:
         if isinstance(obj, list):

@@ -63,9 +63,13 @@ def test_late_joiner_heals_to_identical_params_and_groups_rebuild_only_on_member
     tmp_path: Path, procs: list
 ):
     lh = start(procs, Lighthouse(tmp_path, "--min-replicas", "1", "--join-timeout", "0.2").start())
-    first = start(procs, Worker(tmp_path, lh.url, "0", "--steps", "60", "--step-delay", "0.1"))
-    wait_for(lambda: first.last_step() >= 5, TIMEOUT, "group 0 to train alone")
-    late = start(procs, Worker(tmp_path, lh.url, "1", "--steps", "60", "--step-delay", "0.1"))
+    resume = tmp_path / "resume"
+    pause = ("--pause-at-step", "5", "--resume-file", str(resume))
+    first = start(procs, Worker(tmp_path, lh.url, "0", "--steps", "40", "--step-delay", "0.1", *pause))
+    wait_for(lambda: first.events("paused"), TIMEOUT, "group 0 to train alone to step 5")
+    late = start(procs, Worker(tmp_path, lh.url, "1", "--steps", "40", "--step-delay", "0.1"))
+    wait_for(lambda: late.events("ready"), TIMEOUT, "group 1 to start")
+    resume.touch()
     done = [wait_for(w.done, TIMEOUT, f"group {w.group} to finish") for w in (first, late)]
     assert done[0]["digest"] == done[1]["digest"] and done[0]["cursor"] == done[1]["cursor"]
     healed = [e for e in late.events("step") if e["healed"]]

@@ -43,10 +43,27 @@ def main(argv: list[str]) -> int:
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--step-delay", type=float, default=0.0, help="pacing: keeps a run long enough to act on")
     p.add_argument("--hang-at-step", type=int, default=-1, help="after joining this step's quorum, hang forever")
+    p.add_argument("--pause-at-step", type=int, default=-1, help="before this step, wait until --resume-file exists")
+    p.add_argument("--resume-file", default="")
+    p.add_argument("--rank", type=int, default=0, help="rank inside the group (HSDP: the model is FSDP2-sharded)")
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--master-port", type=int, default=0, help="the group's own rendezvous port (world size > 1)")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(args.width, args.width)
+    model = torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.Linear(args.width, args.width))
+    if args.world_size > 1:  # HSDP: shard inside the group, replicate fault-tolerantly across groups
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{args.master_port}", rank=args.rank, world_size=args.world_size
+        )
+        mesh = init_device_mesh("cpu", (args.world_size,))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     data = {"cursor": 0}
 
@@ -60,6 +77,8 @@ def main(argv: list[str]) -> int:
 
     cfg = ManagerConfig(
         group=args.group,
+        rank=args.rank,
+        world_size=args.world_size,
         lighthouse_url=args.lighthouse,
         token=args.token,
         min_replicas=args.min_replicas,
@@ -69,6 +88,9 @@ def main(argv: list[str]) -> int:
     mgr = Manager(cfg, state_dict, load_state_dict)
     emit(event="ready", group=args.group, pid=os.getpid())
     while mgr.step < args.steps:
+        if mgr.step == args.pause_at_step:  # lets a test start another group while this one is mid-run
+            emit(event="paused", step=mgr.step)
+            _wait(lambda: os.path.exists(args.resume_file), 600, f"{args.resume_file} to exist")
         started = time.monotonic()
         q = mgr.start_quorum()
         if mgr.step == args.hang_at_step:
@@ -76,7 +98,7 @@ def main(argv: list[str]) -> int:
             while True:
                 time.sleep(3600)
         if q.contributing:
-            gen = torch.Generator().manual_seed(1000 * data["cursor"] + q.contributor_rank)
+            gen = torch.Generator().manual_seed(1000 * data["cursor"] + 10 * q.contributor_rank + args.rank)
             x = torch.randn(8, args.width, generator=gen)
             loss = (model(x) - x.flip(1)).pow(2).mean()
             loss.backward()
@@ -101,7 +123,7 @@ def main(argv: list[str]) -> int:
         if args.step_delay:
             time.sleep(args.step_delay)
     digest = param_digest(model.parameters())
-    mgr.report_finished(digest)
+    mgr.report_finished(digest)  # with HSDP: rank 0's shard digest (each rank prints its own below)
     emit(event="done", step=mgr.step, digest=digest, cursor=data["cursor"], metrics=mgr.metrics)
     mgr.shutdown()
     return 0
