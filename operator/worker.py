@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import kopf
 from ftjob.operator import builders, metrics, names
 from ftjob.operator.kubeapi import KubeApi
 from ftjob.operator.lighthouse_client import LighthouseClient, base_url
@@ -282,17 +283,9 @@ class JobWorker:
         )
 
     def _owned(self, obj: dict[str, Any]) -> dict[str, Any]:
-        meta = self.body["metadata"]
-        obj["metadata"]["ownerReferences"] = [
-            {
-                "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
-                "kind": contract.KIND,
-                "name": meta["name"],
-                "uid": meta["uid"],
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+        """Controller owner reference to the job (blockOwnerDeletion): the garbage collector removes the children
+        when the job goes; no finalizer needed. (kopf.adopt would also copy the job's labels; we only want this.)"""
+        kopf.append_owner_reference(obj, owner=self.body, controller=True, block_owner_deletion=True)
         return obj
 
     async def _apply_pods(self, spec: JobSpec, result: Result) -> None:
