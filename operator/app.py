@@ -7,7 +7,6 @@ is dropped and a supervisor restarts it as a standby, while the new leader rebui
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 
@@ -79,8 +78,11 @@ async def run(settings: Settings) -> int:
         if keeper in done:
             code = EXIT_LOST_LEADERSHIP
             stop.set()
-        with contextlib.suppress(Exception):
+        try:
             await operator
+        except Exception:
+            log.exception("kopf stopped with an error")
+            code = code or 1
         if keeper and not keeper.done():
             keeper.cancel()
     finally:

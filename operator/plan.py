@@ -197,11 +197,15 @@ def _groups(
 ) -> None:
     now = obs.now
     policy = spec.failure_policy
+    by_group: dict[int | None, list[PodView]] = {}
+    for p in workers:
+        by_group.setdefault(p.group, []).append(p)
     for idx in sorted(s.groups):
         g = s.groups[idx]
         g.restart_times = prune_window(g.restart_times, policy, now)
         expected = {r: names.pod_name(job, idx, g.generation, r) for r in range(spec.pods_per_replica)}
-        current = [p for p in workers if p.group == idx and p.name in expected.values()]
+        wanted = set(expected.values())
+        current = [p for p in by_group.get(idx, ()) if p.name in wanted]
         if s.suspended:
             phases[idx] = PHASE_SUSPENDED
             continue
@@ -291,10 +295,12 @@ def _completion_start(job: str, spec: JobSpec, s: JobState, workers: list[PodVie
     if s.suspended or s.completing_since is not None:
         return
     finished = bool(obs.finished_groups & set(s.groups))
-    for idx, g in s.groups.items():
-        expected = {names.pod_name(job, idx, g.generation, r) for r in range(spec.pods_per_replica)}
-        mine = [p for p in workers if p.name in expected]
-        finished = finished or (len(mine) == spec.pods_per_replica and all(p.phase == "Succeeded" for p in mine))
+    succeeded: dict[int | None, int] = {}
+    for p in workers:
+        g = s.groups.get(p.group) if p.group is not None else None
+        if g is not None and p.generation == g.generation and p.phase == "Succeeded":
+            succeeded[p.group] = succeeded.get(p.group, 0) + 1
+    finished = finished or any(n == spec.pods_per_replica for n in succeeded.values())
     if finished:
         s.completing_since = obs.now
         a.persist_first = True

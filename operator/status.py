@@ -76,12 +76,13 @@ def build_status(
     lh_groups = lighthouse.groups if lighthouse else {}
     groups_out: list[dict[str, Any]] = []
     running = 0
+    by_group: dict[int | None, list[PodView]] = {}
+    for p in pods:
+        if p.role == contract.ROLE_WORKER:
+            by_group.setdefault(p.group, []).append(p)
     for idx in sorted(state.groups):
         g = state.groups[idx]
-        mine = sorted(
-            (p for p in pods if p.role == contract.ROLE_WORKER and p.group == idx and p.generation == g.generation),
-            key=lambda p: p.rank or 0,
-        )
+        mine = sorted((p for p in by_group.get(idx, ()) if p.generation == g.generation), key=lambda p: p.rank or 0)
         phase = phases.get(idx, P.PHASE_PENDING)
         if phase == P.PHASE_RUNNING:
             running += 1

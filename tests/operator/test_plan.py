@@ -266,3 +266,13 @@ def test_silent_group_with_running_pods_is_replaced_as_heartbeat_lost():
     r = plan(JOB, s, state, Observed(healthy_job(s), NODES, set(), NOW, set(), {2: "left the lighthouse"}))
     assert r.state.groups[2].generation == 1 and r.state.restarts_by_reason == {"HeartbeatLost": 1}
     assert r.actions.evict == [(2, "left the lighthouse")]
+
+
+def test_lighthouse_reported_finish_stops_restarts_before_pods_exit():
+    s = spec()
+    state = steady(s)
+    pods = healthy_job(s)
+    pods[pods.index(worker(2, 0))] = worker(2, 0, phase="Failed", exit_code=1)
+    r = run(s, state, pods, finished={0})
+    assert r.state.completing_since == NOW and not r.actions.evict and r.state.groups[2].generation == 0
+    assert r.state.outcome is None  # groups 0 and 1 still run: they get to exit on their own
