@@ -29,6 +29,7 @@ class TrainConfig:
     corpus_bytes: int = DEFAULT_MAX_BYTES
     corpus_root: Path | None = None
     threads: int = 1  # torch intra-op threads per process; 1 avoids oversubscribing shared cores
+    min_step_seconds: float = 0.0  # pad each step to this wall time: stands in for a heavier model (demos, tests)
     # where this process sits
     group: str = "0"
     rank: int = 0
@@ -70,6 +71,8 @@ class TrainConfig:
             problems.append(f"--checkpoint-every must be >= 0 (got {self.checkpoint_every})")
         if self.checkpoint_every and self.checkpoint_dir is None:
             problems.append(f"--checkpoint-every needs --checkpoint-dir (or {contract.ENV_CHECKPOINT_DIR})")
+        if self.min_step_seconds < 0:
+            problems.append(f"--min-step-seconds must be >= 0 (got {self.min_step_seconds})")
         if self.lr <= 0:
             problems.append(f"--lr must be positive (got {self.lr})")
         if problems:
@@ -88,6 +91,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     a("--corpus-bytes", type=int, help="bytes of the stdlib corpus to use (default 16 MiB)")
     a("--corpus-root", type=Path, help="directory of .py files to train on (default: the standard library)")
     a("--threads", type=int, help="torch threads per process (default 1)")
+    a("--min-step-seconds", type=float, help="pad every step to at least this long, like a bigger model (default 0)")
     a("--group", help=f"replica group id (env {contract.ENV_REPLICA_GROUP})")
     a("--lighthouse-url", help=f"lighthouse base URL (env {contract.ENV_LIGHTHOUSE_URL})")
     a("--token", help=f"lighthouse bearer token (env {contract.ENV_TOKEN} or {contract.ENV_TOKEN_FILE})")
@@ -147,6 +151,7 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
         corpus_bytes=pick(args.corpus_bytes, None, d.corpus_bytes),
         corpus_root=args.corpus_root,
         threads=pick(args.threads, None, d.threads),
+        min_step_seconds=pick(args.min_step_seconds, None, d.min_step_seconds),
         group=pick(args.group, w.replica_group if has_env[contract.ENV_REPLICA_GROUP] else None, d.group),
         rank=w.rank,
         world_size=w.world_size,

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ class LaunchConfig:
     seed: int
     timeout: float
     checkpoint_every: int
+    max_crashes: int
+    min_step_seconds: float
     extra_train_args: list[str]
 
 
@@ -56,7 +59,7 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
     a("--kill-every", type=float, default=None, help="SIGKILL a random group every SECONDS")
     a("--restart-delay", type=float, default=1.0, help="seconds before a dead group is restarted (default 1)")
     a("--model", default="tiny", choices=sorted(PRESETS), help="model preset (default tiny)")
-    a("--batch-size", type=int, default=8, help="samples per group per step (default 8)")
+    a("--batch-size", type=int, default=128, help="samples per group per step (default 128)")
     a("--run-dir", type=Path, default=None, help="records, logs, checkpoints (default: a fresh ./ftjob-run-<time>)")
     a("--report", type=Path, default=None, help="write the JSON report here")
     a("--timeline", type=Path, default=None, help="write the timeline PNG here")
@@ -64,6 +67,8 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
     a("--seed", type=int, default=0, help="seed of the victim choice (default 0)")
     a("--timeout", type=float, default=1800.0, help="give up after SECONDS (default 1800)")
     a("--checkpoint-every", type=int, default=0, help="durable checkpoint every N steps into <run-dir>/checkpoints")
+    a("--min-step-seconds", type=float, default=0.0, help="pad each step to this long (stand-in for a bigger model)")
+    a("--max-crashes", type=int, default=10, help="give up when one group exits unexpectedly this often (default 10)")
     a("--train-arg", action="append", default=[], help="extra flag passed to every `train` (repeatable)")
 
 
@@ -112,6 +117,8 @@ def config_from_args(a: argparse.Namespace) -> LaunchConfig:
         seed=a.seed,
         timeout=a.timeout,
         checkpoint_every=a.checkpoint_every,
+        max_crashes=a.max_crashes,
+        min_step_seconds=a.min_step_seconds,
         extra_train_args=list(a.train_arg),
     )
 
@@ -153,6 +160,7 @@ class Launcher:
             f"--batch-size={c.batch_size}",
             f"--run-dir={c.run_dir}",
             "--log-every=10",
+            f"--min-step-seconds={c.min_step_seconds}",
         ]
         if c.checkpoint_every:
             args += [f"--checkpoint-dir={c.run_dir / 'checkpoints'}", f"--checkpoint-every={c.checkpoint_every}"]
@@ -164,6 +172,7 @@ class Launcher:
             group, self.generation[group], c.pods_per_replica, self._train_args(), self._env(), c.run_dir / "logs"
         )
         self.generation[group] += 1
+        self.progress.mark_started(group)
 
     def _kill(self, group: str) -> None:
         self.running.pop(group).kill()
@@ -189,6 +198,11 @@ class Launcher:
                 gp.kill()
                 del self.running[group]
                 self.events.crashes.append((time.time(), group, codes))
+                if sum(1 for _, g, _ in self.events.crashes if g == group) > self.cfg.max_crashes:
+                    raise RuntimeError(
+                        f"group {group} exited unexpectedly more than --max-crashes {self.cfg.max_crashes} times "
+                        f"(last exit codes {codes}); see {self.cfg.run_dir / 'logs'}"
+                    )
                 self.restart_at[group] = time.monotonic() + self.cfg.restart_delay
                 print(
                     f"[launch] group {group} exited unexpectedly {codes}; restarting in "
@@ -213,10 +227,12 @@ class Launcher:
 
     def run(self) -> dict[str, Any]:
         c = self.cfg
+        # SIGTERM (e.g. a test timeout) must still reach the finally below that kills every child.
+        signal.signal(signal.SIGTERM, _raise_interrupt)
         c.run_dir.mkdir(parents=True, exist_ok=True)
         lh_env = {**self._env(), contract.ENV_LIGHTHOUSE_BIND: f"127.0.0.1:{self.port}"}
         lh_proc, lh_log = start_lighthouse(
-            [f"--bind=127.0.0.1:{self.port}", f"--min-replicas={c.min_replicas}"],
+            [f"--bind=127.0.0.1:{self.port}", f"--min-replicas={c.min_replicas}", f"--replicas={c.replicas}"],
             lh_env,
             c.run_dir / "logs" / "lighthouse.log",
         )
@@ -281,6 +297,10 @@ class Launcher:
                 title=f"{c.replicas} groups x {c.pods_per_replica} ranks, model {c.model}",
             )
             print(f"[launch] timeline: {c.timeline}", flush=True)
+
+
+def _raise_interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def summary_ok(report: dict[str, Any]) -> bool:

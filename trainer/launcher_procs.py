@@ -90,7 +90,7 @@ def start_group(
             contract.ENV_ADVERTISE_ADDR: "127.0.0.1",
             "OMP_NUM_THREADS": "1",
         }
-        log = open(log_dir / f"group-{group}-gen{generation}-rank{rank}.log", "wb")  # noqa: SIM115 -- kept by gp
+        log = open(log_dir / f"group-{group}-gen{generation}-rank{rank}.log", "ab")  # noqa: SIM115 -- kept by gp
         gp.logs.append(log)
         gp.procs.append(
             subprocess.Popen(
@@ -106,7 +106,7 @@ def start_group(
 
 def start_lighthouse(args: list[str], env: dict[str, str], log_path: Path) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "wb")  # noqa: SIM115 -- closed by the launcher at the end
+    log = open(log_path, "ab")  # noqa: SIM115 -- closed by the launcher at the end
     proc = subprocess.Popen(
         trainer_cmd("lighthouse", *args), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )

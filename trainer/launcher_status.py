@@ -81,14 +81,17 @@ class LiveProgress:
                     continue
                 self._take(group, r)
 
+    def mark_started(self, group: str) -> None:
+        """The launcher (re)started ``group``: it is not healthy again until it contributes after this moment."""
+        self.last_start[group] = time.time()
+        self.contributed_after_start[group] = False
+
     def _take(self, group: str, r: dict[str, Any]) -> None:
-        if r.get("event") == "start":
-            self.last_start[group] = r["t"]
-            self.contributed_after_start[group] = False
-        elif r.get("event") == "commit":
+        if r.get("event") == "commit":
             self.last_commit[group] = r
             if r.get("contributing"):
-                self.contributed_after_start[group] = True
+                if r["t"] >= self.last_start.get(group, 0.0):
+                    self.contributed_after_start[group] = True
                 self._window.append((r["t"], int(r.get("tokens", 0))))
 
     def max_step(self) -> int:

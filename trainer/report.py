@@ -136,6 +136,7 @@ class GroupTimeline:
     group: str
     commits: list[tuple[float, int, bool]]  # (wall time, step reached, contributing)
     starts: list[tuple[float, str]]  # (wall time, incarnation)
+    segments: list[list[tuple[float, int]]]  # (wall time, step) of each process incarnation's commits
     final_step: int
     param_digest: str | None
     final_loss: float | None
@@ -146,11 +147,16 @@ def group_timeline(group: str, records: list[dict[str, Any]]) -> GroupTimeline:
     starts = [(r["t"], str(r.get("incarnation", ""))) for r in records if r["event"] == "start"]
     finished = [r for r in records if r["event"] == "finished"]
     losses = [r["loss"] for r in records if r["event"] == "commit" and r.get("loss") is not None]
+    segments: dict[str, list[tuple[float, int]]] = {}
+    for r in records:
+        if r["event"] == "commit":
+            segments.setdefault(str(r.get("incarnation", "")), []).append((r["t"], int(r["step"])))
     final_step = max([s for _, s, _ in commits] + [int(r["step"]) for r in finished] + [0])
     return GroupTimeline(
         group=group,
         commits=commits,
         starts=starts,
+        segments=list(segments.values()),
         final_step=final_step,
         param_digest=finished[-1]["param_digest"] if finished else None,
         final_loss=losses[-1] if losses else None,

@@ -11,15 +11,17 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from ftjob.trainer import checkpoint
 from ftjob.trainer.config import TrainConfig
 from ftjob.trainer.data import Corpus, SampleSource, rank_range, shard_range
 from ftjob.trainer.model import build_model, count_params, digest_of, full_params
 from ftjob.trainer.report import GroupLog, group_log_path
+
+if TYPE_CHECKING:
+    from ftjob.trainer import checkpoint
 from torch import nn
 
 
@@ -95,6 +97,8 @@ class Trainer:
         self.ckpt: checkpoint.AsyncCheckpointer | None = None
         self._ckpt_pg: Any = None
         if cfg.checkpoint_dir is not None:
+            from ftjob.trainer import checkpoint  # dcp is slow to import: only when checkpointing
+
             # A dedicated gloo group: dcp's background collectives must not interleave with FSDP's on the default one.
             self._ckpt_pg = dist.new_group(backend="gloo") if cfg.world_size > 1 else None
             self.ckpt = checkpoint.AsyncCheckpointer(
@@ -129,6 +133,8 @@ class Trainer:
         """Load the newest intact checkpoint of any group; returns its step (0 when there is none)."""
         if self.cfg.checkpoint_dir is None:
             return 0
+        from ftjob.trainer import checkpoint
+
         found = checkpoint.newest_intact(self.cfg.checkpoint_dir)
         if found is None:
             return 0
@@ -209,6 +215,7 @@ class Trainer:
         cfg, b = self.cfg, self.cfg.batch_size
         window_t, window_tokens, last_loss = time.monotonic(), 0, float("nan")
         while mgr.step < cfg.steps:
+            step_started = time.monotonic()
             q = mgr.start_quorum()
             cursor = self.data.cursor  # read after start_quorum: a heal may have replaced it
             loss = None
@@ -240,6 +247,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=False)
             if self.ckpt:
                 self.ckpt.poll()
+            pad = cfg.min_step_seconds - (time.monotonic() - step_started)
+            if pad > 0:
+                time.sleep(pad)  # simulated compute of a heavier model (--min-step-seconds), not synchronisation
 
     def _after_commit(
         self, mgr: Any, q: Any, cursor: int, step_samples: int, shard_start: int, loss: float | None
