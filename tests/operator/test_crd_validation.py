@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers import REPO, kubectl
 from kubernetes import client
 from opkit import create_job, job_manifest, patch_job
 
@@ -97,3 +98,9 @@ def test_defaults_are_applied_and_pods_per_replica_is_immutable(kube, crd, names
         patch_job(kube.custom, namespace, "ok", {"spec": {"podsPerReplica": 4}})
     assert err.value.status == 422 and "spec.podsPerReplica is immutable" in json.loads(err.value.body)["message"]
     patch_job(kube.custom, namespace, "ok", {"spec": {"replicas": 3}})  # other fields stay editable
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "crds" / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_examples_are_accepted(kube, crd, namespace, example):
+    out = kubectl(kube.kubeconfig, "apply", "--dry-run=server", "-n", namespace, "-f", str(example))
+    assert "created (server dry run)" in out.stdout

@@ -65,4 +65,9 @@ def test_training_job_survives_a_killed_group_and_succeeds_consistently(kube, na
     assert {step for step, _ in finals.values()} == {STEPS}, finals
     assert len({digest for _, digest in finals.values()}) == 1, f"groups diverged: {finals}"
     assert victim.metadata.name not in {p for g in status["replicaGroups"] for p in g["pods"]}
+    # the replacement prefers any node but the one its predecessor died on
+    replacement = kube.core.read_namespaced_pod(g1["pods"][0], namespace)
+    preferred = replacement.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
+    avoided = [e.values for t in preferred for e in t.preference.match_expressions if e.operator == "NotIn"]
+    assert avoided == [[victim.spec.node_name]]
     assert victim.metadata.labels[contract.LABEL_GROUP] == "1"

@@ -48,6 +48,8 @@ def test_create_makes_lighthouse_services_secret_and_every_rank(kube, namespace,
     kube.core.read_namespaced_secret("mk-ftjob-token", namespace)
     # every group heartbeats to the lighthouse through its Service DNS name with the Secret's token
     wait_for(lambda: len(lighthouse_status(kube.core, namespace, "mk")["members"]) == 3, 60, "3 lighthouse members")
+    # 2 contribute, the third is a warm spare: the lighthouse was told desired = replicas
+    wait_for(lambda: lighthouse_status(kube.core, namespace, "mk")["desired_replicas"] == 2, 30, "desired = 2")
     job = wait_for(lambda: (j := get_job(kube.custom, namespace, "mk")) and condition(j, "Running") and j, 60,
                    "condition Running")  # fmt: skip
     assert (
@@ -218,6 +220,9 @@ def test_group_cut_off_from_the_lighthouse_is_replaced(kube, namespace, operator
     before = wait_for(lambda: (g := running_groups(kube.core, namespace, "cut")) and len(g) == 2 and g, 120,
                       "2 groups running")  # fmt: skip
     wait_for(lambda: len(lighthouse_status(kube.core, namespace, "cut")["members"]) == 2, 60, "2 lighthouse members")
+    # The operator only calls a group silent after it saw that group join (its status then shows the group's step).
+    wait_for(lambda: all("step" in g for g in get_job(kube.custom, namespace, "cut")["status"]["replicaGroups"]), 60,
+             "the operator to see both groups in the lighthouse")  # fmt: skip
     victim = before[1][0].metadata.name
     cluster("cut-pod", f"{namespace}/{victim}")
     after = wait_for(lambda: (g := running_groups(kube.core, namespace, "cut")) and len(g) == 2
