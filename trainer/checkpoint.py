@@ -139,6 +139,7 @@ class AsyncCheckpointer:
             raise ValueError(f"keep must be >= 1 (got {keep}): the newest checkpoint is always kept")
         self.root, self.group, self.keep, self.rank, self.pg = root, group, keep, rank, process_group
         self._pending: tuple[int, Path, Future[Any]] | None = None
+        self._on_done: Callable[[int, Path], None] | None = None
         self.saved_steps: list[int] = []
 
     def save(self, step: int, state: dict[str, Any], on_done: Callable[[int, Path], None] | None = None) -> None:

@@ -225,6 +225,17 @@ class Launcher:
                 self._start(group)
                 print(f"[launch] restarted group {group} (generation {self.generation[group] - 1})", flush=True)
 
+    def _give_up_stranded(self) -> None:
+        """Groups restarted too late: every other group finished and exited, so no quorum can ever form for them."""
+        if not self.finished:
+            return
+        stranded = [g for g in self.running if not self.progress.contributing_since_start(g)]
+        if len(self.finished) + len(stranded) == len(self.groups):
+            for g in stranded:
+                self.running.pop(g).kill()
+                self.events.stranded.append(g)
+                print(f"[launch] group {g} restarted after the others finished: nobody left to heal from", flush=True)
+
     def run(self) -> dict[str, Any]:
         c = self.cfg
         # SIGTERM (e.g. a test timeout) must still reach the finally below that kills every child.
@@ -255,6 +266,7 @@ class Launcher:
                     raise RuntimeError(f"the lighthouse exited ({lh_proc.returncode}); see {c.run_dir}/logs")
                 self._reap()
                 self._restart_due()
+                self._give_up_stranded()
                 if not self.running and not self.restart_at:
                     break  # everyone that could finish has
                 step = self.status.committed_step(fallback=self.progress.max_step())

@@ -24,6 +24,7 @@ class LaunchEvents:
     kills: list[tuple[float, str]] = field(default_factory=list)  # injected SIGKILLs
     crashes: list[tuple[float, str, list[int | None]]] = field(default_factory=list)  # exits nobody injected
     restarts: dict[str, int] = field(default_factory=dict)
+    stranded: list[str] = field(default_factory=list)  # restarted after every other group had finished
 
 
 def build_report(run_dir: Path, events: LaunchEvents, groups: list[str], t_end: float) -> dict[str, Any]:
@@ -54,6 +55,7 @@ def build_report(run_dir: Path, events: LaunchEvents, groups: list[str], t_end: 
         ],
         "digests_equal": len(set(digests)) == 1 and None not in digests,
         "failures_injected": len(events.kills),
+        "stranded_groups": events.stranded,
         "unexpected_exits": [{"t": t - events.t0, "group": g, "exit_codes": c} for t, g, c in events.crashes],
         "survivor_stall_seconds_max": max(stalls, default=0.0),
         "survivor_stall_seconds": stalls,

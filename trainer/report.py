@@ -176,10 +176,11 @@ def survivor_stall(survivors: list[GroupTimeline], start: float, end: float) -> 
     """
     worst = 0.0
     for g in survivors:
-        times = sorted(t for t, _, _ in g.commits)
-        for a, b in itertools.pairwise(times):
-            if b >= start and a <= end:
-                worst = max(worst, b - a)
+        for seg in g.segments:  # within one incarnation: a group's own death and restart is not a stall
+            times = sorted(t for t, _ in seg)
+            for a, b in itertools.pairwise(times):
+                if b >= start and a <= end:
+                    worst = max(worst, b - a)
     return worst
 
 

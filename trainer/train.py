@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from ftjob.trainer import contract
 from ftjob.trainer.config import TrainConfig
 from ftjob.trainer.data import Corpus, SampleSource, rank_range, shard_range
 from ftjob.trainer.model import build_model, count_params, digest_of, full_params
@@ -47,7 +48,8 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def forward_backward(model: nn.Module, source: SampleSource, start: int, count: int) -> float:
     """Loss on global samples ``[start, start+count)``; gradients accumulate into ``.grad``."""
     x, y = source.samples(start, count)
-    _, loss = model(x, y)
+    device = next(model.parameters()).device
+    _, loss = model(x.to(device), y.to(device))
     assert loss is not None
     loss.backward()
     return float(loss.detach())
@@ -77,14 +79,18 @@ class Trainer:
         self.cfg = cfg
         self.incarnation = uuid.uuid4().hex[:12]
         torch.set_num_threads(cfg.threads)
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda":  # untested here (no GPU on the dev machine); one GPU per rank
+            torch.cuda.set_device(int(os.environ.get(contract.ENV_LOCAL_RANK, "0")))
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if cfg.world_size > 1 and not dist.is_initialized():
             dist.init_process_group(
-                "gloo",
+                "nccl" if self.device.type == "cuda" else "gloo",
                 init_method=f"tcp://{cfg.master_addr}:{cfg.master_port}",
                 rank=cfg.rank,
                 world_size=cfg.world_size,
             )
-        self.model = build_model(cfg.model, cfg.seed)
+        self.model = build_model(cfg.model, cfg.seed).to(self.device)  # same CPU init everywhere, then moved
         self.n_params = count_params(self.model)
         if cfg.world_size > 1:
             shard_model(self.model)
@@ -217,6 +223,7 @@ class Trainer:
         while mgr.step < cfg.steps:
             step_started = time.monotonic()
             q = mgr.start_quorum()
+            t_quorum = time.monotonic()
             cursor = self.data.cursor  # read after start_quorum: a heal may have replaced it
             loss = None
             shard_start = -1
@@ -227,8 +234,17 @@ class Trainer:
                 loss = forward_backward(self.model, self.source, r_start, r_end - r_start)
             else:
                 ensure_zero_grads(self.params)
+            t_compute = time.monotonic()
             mgr.allreduce_gradients(self.params)
+            t_allreduce = time.monotonic()
             if mgr.should_commit():
+                # where the step's time went, so the manager's overhead can be read off the records
+                phases = {
+                    "quorum": t_quorum - step_started,
+                    "compute": t_compute - t_quorum,
+                    "allreduce": t_allreduce - t_compute,
+                    "commit": time.monotonic() - t_allreduce,
+                }
                 torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
                 set_lr(self.optimizer, lr_at(q.step, cfg))  # q.step: the step this quorum trains
                 self.optimizer.step()
@@ -236,7 +252,7 @@ class Trainer:
                 self.data.cursor = cursor + step_samples
                 window_tokens += step_samples * self.model.cfg.block_size
                 last_loss = loss if loss is not None else last_loss
-                self._after_commit(mgr, q, cursor, step_samples, shard_start, loss)
+                self._after_commit(mgr, q, cursor, step_samples, shard_start, loss, phases)
                 if mgr.step % cfg.log_every == 0 or mgr.step == cfg.steps:
                     elapsed = time.monotonic() - window_t
                     self._say(
@@ -252,7 +268,14 @@ class Trainer:
                 time.sleep(pad)  # simulated compute of a heavier model (--min-step-seconds), not synchronisation
 
     def _after_commit(
-        self, mgr: Any, q: Any, cursor: int, step_samples: int, shard_start: int, loss: float | None
+        self,
+        mgr: Any,
+        q: Any,
+        cursor: int,
+        step_samples: int,
+        shard_start: int,
+        loss: float | None,
+        phases: dict[str, float],
     ) -> None:
         if self.log:
             self.log.write(
@@ -271,6 +294,7 @@ class Trainer:
                 healed=q.healed,
                 loss=loss,
                 tokens=(self.cfg.batch_size if q.contributing else 0) * self.model.cfg.block_size,
+                phases={k: round(v, 6) for k, v in phases.items()},
             )
         if self.ckpt and self.cfg.checkpoint_every and mgr.step % self.cfg.checkpoint_every == 0:
             self.ckpt.save(mgr.step, self._checkpoint_state(mgr.step))

@@ -53,6 +53,9 @@ def run_ours(work: Path, a: argparse.Namespace) -> float:
         raise RuntimeError(f"the fault-tolerant run failed (exit {rc}); see {run_dir}/logs")
     records = read_run_dir(run_dir)
     per_group = [median_gap([r["t"] for r in recs if r["event"] == "commit"], a.warmup) for recs in records.values()]
+    commits = [r for recs in records.values() for r in recs if r["event"] == "commit" and r["step"] > a.warmup]
+    split = {k: statistics.median(r["phases"][k] for r in commits) * 1e3 for k in commits[0]["phases"]}
+    print("[bench] ftjob step phases (median ms): " + ", ".join(f"{k} {v:.1f}" for k, v in split.items()), flush=True)
     return statistics.median(per_group)
 
 

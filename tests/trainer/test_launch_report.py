@@ -38,6 +38,7 @@ def _fake_run(run_dir: Path) -> LaunchEvents:
                 {
                     "event": "commit",
                     "t": t,
+                    "incarnation": "b2" if g == "2" and step >= 7 else f"a{g}",
                     "step": step,
                     "cursor": cursor,
                     "step_samples": len(contributors) * b,
@@ -75,6 +76,13 @@ def test_report_has_every_field_and_measures_the_kill(tmp_path: Path) -> None:
     }
     assert report["final_loss"] == 4.0 and report["corpus_digests_equal"]
     assert rejoin_marks(report, events) == [(110.5, "2")]
+
+
+def test_a_survivors_own_restart_is_not_counted_as_its_stall(tmp_path: Path) -> None:
+    events = _fake_run(tmp_path)
+    events.kills.append((109.0, "0"))  # group 2 (down from 104.5 to 109.5) is a "survivor" of this kill
+    report = build_report(tmp_path, events, ["0", "1", "2"], t_end=114.0)
+    assert report["survivor_stall_seconds"][1] == 1.0  # not group 2's 6s gap between its two incarnations
 
 
 def test_unequal_digests_are_flagged(tmp_path: Path) -> None:
