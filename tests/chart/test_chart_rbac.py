@@ -18,33 +18,39 @@ LEASES = "leases.coordination.k8s.io"
 
 # (verb, what): `what` is kubectl's TYPE[/NAME] plus an optional ` --subresource=X`
 # (never TYPE/X for a subresource: kubectl reads that as the object named X).
-MUST_IN_WATCHED = [
+MUST_IN_WATCHED = [  # operator/RBAC.md
     ("create", "pods"),
     ("delete", "pods"),
+    ("list", "pods"),
     ("watch", "pods"),
-    ("patch", "pods"),
     ("create", "services"),
     ("delete", "services"),
     ("create", "secrets"),
     ("get", "secrets"),
     ("list", FTJ),
     ("watch", FTJ),
-    ("patch", FTJ),
+    ("delete", FTJ),
     ("patch", f"{FTJ} --subresource=status"),
     ("update", f"{FTJ} --subresource=finalizers"),
     ("create", "events"),
-    ("create", "events.events.k8s.io"),
 ]
 MUST_NOT_ANYWHERE = [
-    ("list", "secrets"),  # it reads only its jobs' Secrets by name
+    ("list", "secrets"),  # it reads only its jobs' Secrets, by name
+    ("delete", "secrets"),
+    ("patch", "pods"),
+    ("update", "pods"),
+    ("patch", FTJ),  # the spec belongs to the user
+    ("update", FTJ),
     ("create", "pods --subresource=exec"),
     ("create", "pods --subresource=attach"),
+    ("get", "pods --subresource=log"),
     ("create", "roles.rbac.authorization.k8s.io"),
     ("create", "rolebindings.rbac.authorization.k8s.io"),
     ("*", "*"),
     ("create", "serviceaccounts --subresource=token"),
     ("update", f"{FTJ} --subresource=scale"),
     ("delete", "persistentvolumeclaims"),
+    ("create", "deployments.apps"),
 ]
 MUST_NOT_CLUSTER = [
     ("update", "nodes"),
@@ -57,6 +63,7 @@ MUST_NOT_CLUSTER = [
     ("impersonate", "serviceaccounts"),
     ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("delete", "namespaces"),
+    ("list", "namespaces"),
     ("create", "certificatesigningrequests.certificates.k8s.io"),
     ("create", "validatingwebhookconfigurations.admissionregistration.k8s.io"),
 ]
@@ -105,9 +112,11 @@ def lease_expectations(rel: Release) -> list[tuple[str, str, str | None, bool]]:
     return [
         ("get", lease, rel.namespace, True),
         ("update", lease, rel.namespace, True),
+        ("create", LEASES, rel.namespace, True),  # re-creates its Lease should someone delete it
         ("update", f"{LEASES}/someone-elses-lease", rel.namespace, False),
         ("delete", lease, rel.namespace, False),
         ("update", lease, "kube-system", False),
+        ("create", LEASES, "kube-system", False),
     ]
 
 

@@ -1,44 +1,36 @@
-{{/* What the operator does in the namespaces it watches (see operator/RBAC.md). */}}
+{{/* What the operator does in the namespaces it watches: exactly the rows of operator/RBAC.md. */}}
 {{- define "ftjob.jobRules" -}}
+# kopf watches the jobs; ttlSecondsAfterFinished deletes finished ones. The operator never edits a job's spec.
 - apiGroups: ["ftjob.dev"]
   resources: ["faulttoleranttrainingjobs"]
-  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "delete"]
 - apiGroups: ["ftjob.dev"]
   resources: ["faulttoleranttrainingjobs/status"]
-  verbs: ["get", "patch", "update"]
-# Owner references with blockOwnerDeletion need this where OwnerReferencesPermissionEnforcement is on.
+  verbs: ["patch"]
+# Children carry blockOwnerDeletion owner references: allowed where OwnerReferencesPermissionEnforcement is on.
 - apiGroups: ["ftjob.dev"]
   resources: ["faulttoleranttrainingjobs/finalizers"]
   verbs: ["update"]
+# Worker and lighthouse pods: indexed by a watch, created, deleted (grace 0 for pods on lost nodes). Never patched.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["list", "watch", "create", "delete"]
+# Headless Services for the lighthouse and each group.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# The per-job lighthouse token: created by the operator, read back to call the lighthouse. No list/watch.
+  verbs: ["create", "delete"]
+# The per-job lighthouse token: created once, read back by name. No list/watch: no other Secret is visible.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["create", "get"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}
 
-{{/* Read-only, cluster-scoped, nothing secret. */}}
+{{/* Read-only and cluster-scoped: node readiness (a group on a NotReady or deleted node is replaced at once). */}}
 {{- define "ftjob.clusterReadRules" -}}
-# Node readiness: a group on a NotReady or lost node is replaced.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
-# kopf observes namespaces and CRDs (it degrades with a warning without them).
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["list", "watch"]
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
 {{- end }}
