@@ -66,7 +66,7 @@ MARK_STYLE = {"kill": ("tab:red", "--"), "recovered": ("tab:green", ":"), "succe
 
 
 def plot(timeline: Timeline, path: Path, title: str) -> None:
-    """Top: committed step per group. Bottom: one lane per group, solid where it contributed to the quorum, hatched
+    """Top: committed step per group. Bottom: one lane per group, solid where it contributed to the quorum, faded
     where it was alive but healing or a spare."""
     import matplotlib
 
@@ -92,7 +92,7 @@ def plot(timeline: Timeline, path: Path, title: str) -> None:
     for row, g in enumerate(groups):
         for state, style in (
             ("contributing", {"color": colors[g]}),
-            ("alive", {"color": "none", "edgecolor": colors[g], "hatch": "///"}),
+            ("alive", {"color": colors[g], "alpha": 0.3}),
         ):
             spans = _spans(timeline.samples, g, state, ends)
             if spans:
@@ -100,7 +100,7 @@ def plot(timeline: Timeline, path: Path, title: str) -> None:
     lanes.set_yticks(range(len(groups)), [f"group {g}" for g in groups])
     lanes.set_ylim(-0.6, len(groups) - 0.4)
     lanes.set_xlabel("seconds since the job was applied")
-    lanes.set_title("taking part: solid = contributing to the quorum, hatched = alive but healing/spare", fontsize=9)
+    lanes.set_title("taking part: solid = contributing to the quorum, faded = alive but healing/spare", fontsize=9)
     for t, kind, label in timeline.marks:
         color, style = MARK_STYLE.get(kind, ("purple", "-."))
         for axis in (ax, lanes):
