@@ -24,6 +24,7 @@ from kubernetes.client.rest import ApiException
 log = logging.getLogger("ftjob.operator.kube")
 T = TypeVar("T")
 MAX_IN_FLIGHT = 32
+REQUEST_TIMEOUT_S = 30
 
 
 def load_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -46,6 +47,7 @@ class KubeApi:
         self.pool = ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="kube")
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)  # a hung connection must not stall a reconcile
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
 

@@ -43,12 +43,13 @@ class LeaderElector:
         self.is_leader = False
         self._observed: tuple[str | None, str | None] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
+        self._timeout = max(1.0, cfg.retry_period_s)  # one call never outlives a renew period
 
     # --- one attempt (sync; run in a thread) ------------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:
         cfg = self.cfg
         try:
-            lease = self.coord.read_namespaced_lease(cfg.name, cfg.namespace)
+            lease = self.coord.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=self._timeout)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -57,7 +58,7 @@ class LeaderElector:
                 spec=self._spec(acquire=True, transitions=0),
             )
             try:
-                self.coord.create_namespaced_lease(cfg.namespace, body)
+                self.coord.create_namespaced_lease(cfg.namespace, body, _request_timeout=self._timeout)
                 return True
             except ApiException as e2:
                 if e2.status == 409:
@@ -76,7 +77,7 @@ class LeaderElector:
         transitions = (spec.lease_transitions or 0) + (0 if holder == cfg.identity else 1)
         lease.spec = self._spec(acquire=holder != cfg.identity, transitions=transitions, previous=spec)
         try:
-            self.coord.replace_namespaced_lease(cfg.name, cfg.namespace, lease)
+            self.coord.replace_namespaced_lease(cfg.name, cfg.namespace, lease, _request_timeout=self._timeout)
         except ApiException as e:
             if e.status == 409:  # someone else wrote first: they win this round
                 return False

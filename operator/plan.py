@@ -187,6 +187,7 @@ def _lighthouse(job: str, spec: JobSpec, s: JobState, pods: list[PodView], obs: 
             a.delete_pods.append((p.name, failure.node_lost or node_is_lost(p.node, obs.node_ready)))
         current = []
     if current:
+        a.persist_first = a.persist_first or not s.lighthouse_seen
         s.lighthouse_seen = True
     else:
         a.create_lighthouse = s.lighthouse_generation
@@ -241,8 +242,9 @@ def _groups(
             a.create_pods.append((idx, rank, g.generation))
         if missing and len(missing) == spec.pods_per_replica:
             a.starting.append(idx)
-        if not missing:
+        if not missing and not g.all_pods_seen:
             g.all_pods_seen = True
+            a.persist_first = True  # from now on a missing pod means a deletion: a new operator must know that
         if not missing and all(p.phase in ("Running", "Succeeded") for p in current):
             phases[idx] = PHASE_RUNNING
             if g.failed_at is not None:
