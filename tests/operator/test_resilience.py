@@ -25,6 +25,13 @@ def live_by_rank(core: client.CoreV1Api, ns: str, job: str) -> dict[tuple[int, i
     return out
 
 
+def all_seen_recorded(kube, namespace: str, job: str) -> bool:
+    """The operator's durable memory says every group's pods were created and observed: a successor will treat a
+    pod missing from now on as deleted (a group failure), not as one still to create."""
+    groups = get_job(kube.custom, namespace, job)["status"]["replicaGroups"]
+    return all(g.get("allPodsSeen") for g in groups)
+
+
 def kill_on_first_pod(kube, namespace: str, op) -> threading.Thread:
     """SIGKILL the operator the moment its first pod appears: other creates are still in flight."""
 
@@ -59,6 +66,7 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates_and_loses_nothing(k
     print(f"operator killed with {partial} of {groups * ranks} pods created")
 
     # Now kill it between a failure and its handling: a pod dies while no operator runs.
+    wait_for(lambda: all_seen_recorded(kube, namespace, "mid"), 30, "the operator to record every pod as seen")
     second.kill()
     victim = by_rank[(3, 1)][0]
     kube.core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
@@ -98,6 +106,7 @@ def test_two_replicas_exactly_one_acts_and_the_standby_takes_over(kube, namespac
     assert "watching job" in a.logs() and "watching job" not in b.logs(), "the standby acted"
     assert "ftjob_operator_leader 1.0" in a.metrics() and "ftjob_operator_leader 0.0" in b.metrics()
 
+    wait_for(lambda: all_seen_recorded(kube, namespace, "ha"), 30, "the leader to record every pod as seen")
     a.kill()  # no release: b must wait for the lease to expire, then act
     wait_for(lambda: b.health()["leader"], 60, "replica b to take over")
     assert (
