@@ -279,6 +279,8 @@ class Launcher:
                 self.progress.maybe_print(c.steps)
                 time.sleep(0.05)  # the poll interval of this supervision loop, not a synchronisation
         finally:
+            # A second SIGTERM (e.g. `timeout` forwarding its own) must not cut this cleanup short.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for gp in self.running.values():
                 gp.kill()
             lh_proc.kill()
