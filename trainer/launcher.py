@@ -239,7 +239,7 @@ class Launcher:
     def run(self) -> dict[str, Any]:
         c = self.cfg
         # SIGTERM (e.g. a test timeout) must still reach the finally below that kills every child.
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         c.run_dir.mkdir(parents=True, exist_ok=True)
         lh_env = {**self._env(), contract.ENV_LIGHTHOUSE_BIND: f"127.0.0.1:{self.port}"}
         lh_proc, lh_log = start_lighthouse(
@@ -286,6 +286,7 @@ class Launcher:
             lh_proc.kill()
             lh_proc.wait()
             lh_log.close()
+            signal.signal(signal.SIGTERM, previous_sigterm)  # the launcher may run inside a longer-lived process
         report = build_report(c.run_dir, self.events, self.groups, time.time())
         self._write_outputs(report)
         return report
