@@ -69,6 +69,7 @@ class JobWorker:
         self.lh_polled = 0.0
         self.lh_retry_at = 0.0
         self.lh_polled_base: str | None = None
+        self.lh_view_at = 0.0
         self.joined: dict[int, int] = {}  # group -> generation in which the lighthouse last listed it
         self.absent_since: dict[int, float] = {}
         self.last_status: dict[str, Any] | None = (body.get("status") or None) and dict(body["status"])
@@ -197,8 +198,8 @@ class JobWorker:
         """Groups that joined the lighthouse in their current generation and then vanished from it for longer than
         twice its heartbeat timeout while their pods kept running: hung or cut off, so replaced. Memory only: after
         an operator restart a group must be seen joining again first."""
-        if self.lh_view is None or self.state is None:
-            return {}
+        if self.lh_view is None or self.state is None or now - self.lh_view_at > 3 * LIGHTHOUSE_POLL_S:
+            return {}  # no fresh view of the lighthouse: absence cannot be judged (and is not counted)
         limit = max(2 * spec.lighthouse.heartbeat_timeout_s, SILENCE_MIN_S)
         silent: dict[int, str] = {}
         for idx, g in self.state.groups.items():
@@ -229,6 +230,7 @@ class JobWorker:
                 self.absent_since.clear()
                 self.lh_polled_base = base
             self.lh_view = view
+            self.lh_view_at = now
 
     async def _evict(self, base: str | None, a: Actions) -> None:
         if base is None or self.token is None:

@@ -213,10 +213,10 @@ def test_lighthouse_loss_is_repaired_without_touching_workers(kube, namespace, o
 
 
 def test_group_cut_off_from_the_lighthouse_is_replaced(kube, namespace, operators):
-    """A partitioned (or hung) group whose pods keep running: the lighthouse drops it on heartbeat timeout and the
-    operator replaces it once it stayed away (here 10 s), leaving the other group alone."""
+    """A partitioned (or hung) group whose pods keep running: the lighthouse drops it on heartbeat timeout (5 s) and
+    the operator replaces it once it stayed away twice that long, leaving the other group alone."""
     operators()
-    create_job(kube.custom, namespace, job_manifest("cut", replicas=2, lighthouse={"heartbeatTimeoutSeconds": 2}))
+    create_job(kube.custom, namespace, job_manifest("cut", replicas=2, lighthouse={"heartbeatTimeoutSeconds": 5}))
     before = wait_for(lambda: (g := running_groups(kube.core, namespace, "cut")) and len(g) == 2 and g, 120,
                       "2 groups running")  # fmt: skip
     wait_for(lambda: len(lighthouse_status(kube.core, namespace, "cut")["members"]) == 2, 60, "2 lighthouse members")
