@@ -48,7 +48,7 @@ def agent_config(s: Settings, n: int) -> dict:
         "cpu": s.node_cpu,
         "memory": s.node_memory,
         "gpus": s.gpus_per_node,
-        "max_pods": 110,
+        "max_pods": 250,  # a /24 pod range holds 253 addresses
         "cluster_domain": "cluster.local",
         "service_account_issuer": "https://kubernetes.default.svc.cluster.local",
         "pod_netns_prefix": s.pod_netns_prefix,
