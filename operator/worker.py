@@ -72,6 +72,9 @@ class JobWorker:
         self.lh_view_at = 0.0
         self.joined: dict[int, int] = {}  # group -> generation in which the lighthouse last listed it
         self.absent_since: dict[int, float] = {}
+        # group -> (generation, when this operator first saw it): a lighthouse view older than that may still list
+        # the previous incarnation, so it proves nothing about the current one having joined
+        self.generation_since: dict[int, tuple[int, float]] = {}
         self.last_status: dict[str, Any] | None = (body.get("status") or None) and dict(body["status"])
         self.last_status_write = 0.0
         self.task: asyncio.Task[None] | None = None
@@ -203,7 +206,12 @@ class JobWorker:
         limit = max(2 * spec.lighthouse.heartbeat_timeout_s, SILENCE_MIN_S)
         silent: dict[int, str] = {}
         for idx, g in self.state.groups.items():
+            seen = self.generation_since.get(idx)
+            if seen is None or seen[0] != g.generation:
+                seen = self.generation_since[idx] = (g.generation, now)
             if str(idx) in self.lh_view.groups:
+                if self.lh_view_at <= seen[1]:
+                    continue  # fetched before this generation existed: may list the group's previous incarnation
                 self.joined[idx] = g.generation
                 self.absent_since.pop(idx, None)
                 continue
