@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import Kube
 from helpers import wait_for
@@ -192,3 +194,29 @@ def test_host_network_pod_fails_with_a_message_saying_what_to_change(kube: Kube,
     done = wait_phase(kube.core, namespace, "hostnet", "Failed")
 
     assert "drop hostNetwork" in done.status.message
+
+
+def test_volume_mounted_over_the_checkout_keeps_the_pods_own_code_visible(kube: Kube, namespace: str) -> None:
+    # Pods share the host filesystem; a chart that mounts an emptyDir at /tmp must not hide a checkout in /tmp/x.
+    repo = Path(__file__).resolve().parents[2]
+    cover = repo.parent if repo.parent != Path("/") else repo
+    probe = cover / f"volume-probe-{namespace}"
+    script = (
+        "import ftjob.trainer.contract, os\n"
+        f"if {str(cover) != str(repo)}: open({str(probe)!r}, 'w').write('in the volume')\n"
+        "print('imported', ftjob.trainer.contract.API_GROUP)"
+    )
+    kube.core.create_namespaced_pod(
+        namespace,
+        pod(
+            "covered",
+            script,
+            container={"volumeMounts": [{"name": "scratch", "mountPath": str(cover)}]},
+            volumes=[{"name": "scratch", "emptyDir": {}}],
+        ),
+    )
+
+    wait_phase(kube.core, namespace, "covered", "Succeeded")
+
+    assert "imported ftjob.dev" in logs(kube.kubeconfig, namespace, "covered")
+    assert not probe.exists()  # the pod wrote into its volume, not onto the host

@@ -14,12 +14,19 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from .volumes import Mount
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
 SH = shutil.which("sh") or "/bin/sh"
+
+# Pods share the host's filesystem: they run the project's checkout (an editable install) with its Python env. A
+# volume mounted over one of these (say an emptyDir at /tmp while the checkout lives in /tmp/x) would hide the pod's
+# own code, so such paths are stashed before the volumes are mounted and bound back on top afterwards.
+OWN_PATHS = sorted({str(Path(__file__).resolve().parents[3]), sys.prefix, sys.base_prefix})
+STASH = "/run/ftjob-nodeagent/keep"
 
 
 class StartError(RuntimeError):
@@ -35,12 +42,22 @@ def process_start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def _covers(target: str, path: str) -> bool:
+    target = target.rstrip("/") or "/"
+    return path == target or path.startswith(target if target == "/" else target + "/")
+
+
 def wrapper_script(mounts: list[Mount], working_dir: str) -> str:
     lines = ["set -e"]
+    hidden = [p for p in OWN_PATHS if any(_covers(m.target, p) for m in mounts)]
+    for i, path in enumerate(hidden):
+        lines.append(f"mkdir -p {STASH}/{i} && mount --bind {shlex.quote(path)} {STASH}/{i}")
     for m in mounts:
         lines.append(f"mount --bind {shlex.quote(str(m.source))} {shlex.quote(m.target)}")
         if m.read_only:
             lines.append(f"mount -o remount,bind,ro {shlex.quote(m.target)}")
+    for i, path in enumerate(hidden):
+        lines.append(f"mkdir -p {shlex.quote(path)} && mount --bind {STASH}/{i} {shlex.quote(path)}")
     lines.append(f"cd {shlex.quote(working_dir)}")
     lines.append('exec "$@"')
     return "\n".join(lines)
