@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import Kube
-from helpers import wait_for
+from helpers import Kube, wait_for
 from nodeagent_pods import logs, pod, wait_phase
 
 pytestmark = pytest.mark.cluster

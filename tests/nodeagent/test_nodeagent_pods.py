@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import Kube
-from helpers import wait_for
+from helpers import Kube, wait_for
 from kubernetes import client
 from nodeagent_pods import logs, pod, wait_log, wait_phase
 

@@ -9,8 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import Kube
-from helpers import cluster, state_dir, wait_for
+from helpers import Kube, cluster, state_dir, wait_for
 from kubernetes import client
 from nodeagent_pods import pod, wait_log, wait_phase
 

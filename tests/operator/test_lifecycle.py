@@ -200,6 +200,9 @@ def test_lighthouse_loss_is_repaired_without_touching_workers(kube, namespace, o
     before = wait_for(lambda: (g := running_groups(kube.core, namespace, "lh")) and len(g) == 2 and g, 120,
                       "2 groups running")  # fmt: skip
     old = wait_for(lambda: lighthouse_pod(kube.core, namespace, "lh"), 60, "the lighthouse running")
+    # Only a lighthouse the operator has seen can be lost (one it never saw is simply created, under the same name).
+    wait_for(lambda: get_job(kube.custom, namespace, "lh").get("status", {}).get("lighthouse", {}).get("seen"), 60,
+             "the operator to record the lighthouse as seen")  # fmt: skip
     kube.core.delete_namespaced_pod(old.metadata.name, namespace, grace_period_seconds=0)
     new = wait_for(lambda: (p := lighthouse_pod(kube.core, namespace, "lh")).metadata.name == "lh-lighthouse-1" and p,
                    120, "a new lighthouse generation")  # fmt: skip
