@@ -136,7 +136,7 @@ def wait_healthy(s: Settings, component: str, timeout_s: float, t0: float) -> No
     deadline, last_note = time.monotonic() + timeout_s, 0.0
     while not healthy(s, component):
         if procs.read(pid_file(s, component)) is None:
-            tail = "".join(log_file(s, component).read_text(errors="replace").splitlines(True)[-15:])
+            tail = procs.log_tail(log_file(s, component))
             raise SystemExit(f"error: {component} exited during start-up; last log lines:\n{tail}")
         if time.monotonic() > deadline:
             raise SystemExit(f"error: {component} not healthy after {timeout_s:.0f}s; see {log_file(s, component)}")

@@ -123,7 +123,7 @@ def wait_ready(s: Settings, t0: float, timeout_s: float = 120) -> None:
             return
         for n in range(1, s.nodes + 1):
             if procs.read(agent_pid_file(s, n)) is None:
-                tail = "".join(agent_log(s, n).read_text(errors="replace").splitlines(True)[-15:])
+                tail = procs.log_tail(agent_log(s, n))
                 raise SystemExit(f"error: node agent {s.node_name(n)} exited; last log lines:\n{tail}")
         if time.monotonic() > deadline:
             raise SystemExit(f"error: nodes not Ready after {timeout_s:.0f}s: {missing}; see {s.root / 'logs'}")

@@ -113,3 +113,8 @@ def stop(procs: list[Tracked], grace_s: float = 10.0) -> None:
         if p.alive():
             print(f"  {p.name} (pid {p.pid}) ignored SIGTERM for {grace_s:.0f}s: SIGKILL", flush=True)
             kill_now([p.pid])
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a component's log, for an error message that says why it died."""
+    return "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
