@@ -46,9 +46,17 @@ def _ensure_addr(dev: str, cidr: str, netns: str | None = None) -> None:
         ip("addr", "add", cidr, "dev", dev, netns=netns)
 
 
-def _ensure_bridge(name: str, cidr: str, netns: str | None = None) -> None:
+def bridge_mac(index: int) -> str:
+    """A fixed, locally administered MAC for bridge `index` (0: the host's, N: node N's). Left to itself a Linux
+    bridge takes the lowest MAC among its ports, so deleting one pod could change the gateway MAC under every other
+    pod of the node, whose ARP caches then send off-node traffic nowhere for several seconds."""
+    return f"02:66:74:6a:{index >> 8 & 0xFF:02x}:{index & 0xFF:02x}"
+
+
+def _ensure_bridge(name: str, cidr: str, mac: str, netns: str | None = None) -> None:
     if not link_exists(name, netns):
         ip("link", "add", name, "type", "bridge", netns=netns)
+    ip("link", "set", name, "address", mac, netns=netns)
     _ensure_addr(name, cidr, netns)
     ip("link", "set", name, "up", netns=netns)
 
@@ -66,7 +74,7 @@ def netns_exists(name: str) -> bool:
 
 def ensure_host(s: Settings) -> None:
     _set_forwarding(None)
-    _ensure_bridge(s.bridge, f"{s.host_ip}/24")
+    _ensure_bridge(s.bridge, f"{s.host_ip}/24", bridge_mac(0))
 
 
 def ensure_node(s: Settings, n: int) -> None:
@@ -84,7 +92,7 @@ def ensure_node(s: Settings, n: int) -> None:
     ip("link", "set", "eth0", "up", netns=ns)
     ip("route", "replace", "default", "via", s.host_ip, netns=ns)
     _set_forwarding(ns)
-    _ensure_bridge(s.bridge, f"{s.pod_gateway(n)}/24", ns)
+    _ensure_bridge(s.bridge, f"{s.pod_gateway(n)}/24", bridge_mac(n), ns)
     ip("route", "replace", s.pod_cidr(n), "via", s.node_ip(n))
 
 
@@ -98,6 +106,9 @@ def check_node(s: Settings, n: int) -> list[str]:
         info = link_info(dev, ns)
         if info is None or "UP" not in info.get("flags", []):
             problems.append(f"{dev} not up in {ns}")
+    bridge = link_info(s.bridge, ns)
+    if bridge is not None and bridge.get("address") != bridge_mac(n):
+        problems.append(f"{s.bridge} in {ns} has MAC {bridge.get('address')}, not the fixed {bridge_mac(n)}")
     return problems
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import Kube, wait_for
-from nodeagent_pods import logs, pod, wait_phase
+from nodeagent_pods import logs, phase, pod, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -121,3 +121,76 @@ def test_readiness_probe_gates_ready(kube: Kube, namespace: str, tmp_path) -> No
 
     wait_for(ready, 60, "the pod to become Ready once its probe passes")
     assert kube.core.read_namespaced_pod("gated", namespace).status.container_statuses[0].ready is True
+
+
+# Talks to the server until /ctl/stop appears; every exchange must succeed. Counts successes in /ctl/ok and prints
+# the gateway's MAC from its ARP cache whenever it changes, so a gateway whose MAC moves shows up even when ARP
+# re-resolves before a connection times out.
+STEADY_CLIENT = """
+import pathlib, socket, sys
+target, ctl = sys.argv[1], pathlib.Path("/ctl")
+routes = [line.split() for line in open("/proc/net/route").read().splitlines()[1:]]
+gateway = socket.inet_ntoa(bytes.fromhex(next(r[2] for r in routes if r[1] == "00000000"))[::-1])
+ok, last_mac = 0, None
+while not (ctl / "stop").exists():
+    try:
+        with socket.create_connection((target, 8080), timeout=5) as s:
+            assert s.recv(16) == b"pong\\n"
+    except (OSError, AssertionError) as e:
+        print("FAILED", ok, repr(e), flush=True)
+        sys.exit(1)
+    ok += 1
+    (ctl / "ok").write_text(str(ok))
+    for line in open("/proc/net/arp").read().splitlines()[1:]:
+        if line.split()[0] == gateway and line.split()[3] != last_mac:
+            last_mac = line.split()[3]
+            print("gateway", gateway, "mac", last_mac, flush=True)
+"""
+
+
+def test_off_node_traffic_survives_other_pods_of_the_node_coming_and_going(
+    kube: Kube, namespace: str, tmp_path
+) -> None:
+    """A Linux bridge left to pick its own MAC takes its lowest port's, so deleting a pod used to change the gateway
+    MAC under every other pod of that node and black-hole their off-node traffic for seconds (lost heartbeats)."""
+    nodes = sorted(n.metadata.name for n in kube.core.list_node().items)
+    server = pod("server", ECHO_SERVER, restart="Always", nodeName=nodes[-1])
+    kube.core.create_namespaced_pod(namespace, server)
+    server_ip = wait_phase(kube.core, namespace, "server", "Running").status.pod_ip
+
+    # The churn pods join the node's bridge first, so the steady client most likely learns a gateway MAC that one
+    # of them lent the bridge; then they all leave.
+    churn = [f"churn-{i}" for i in range(6)]
+    for name in churn:
+        kube.core.create_namespaced_pod(namespace, pod(name, "import time; time.sleep(3600)", nodeName=nodes[0]))
+    for name in churn:
+        wait_phase(kube.core, namespace, name, "Running")
+
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    steady = pod(
+        "steady",
+        STEADY_CLIENT,
+        nodeName=nodes[0],
+        container={"args": [server_ip], "volumeMounts": [{"name": "ctl", "mountPath": "/ctl"}]},
+        volumes=[{"name": "ctl", "hostPath": {"path": str(ctl), "type": "Directory"}}],
+    )
+    kube.core.create_namespaced_pod(namespace, steady)
+
+    def exchanges() -> int:
+        if phase(kube.core, namespace, "steady") == "Failed":
+            raise AssertionError(logs(kube.kubeconfig, namespace, "steady"))
+        return int((ctl / "ok").read_text() or 0) if (ctl / "ok").exists() else 0
+
+    wait_for(lambda: exchanges() > 0, 60, "the steady client's first exchange")
+    for name in churn:
+        kube.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    wait_for(lambda: not {p.metadata.name for p in kube.core.list_namespaced_pod(namespace).items} & set(churn), 60,
+             "the churn pods to be gone")  # fmt: skip
+    seen = exchanges()
+    wait_for(lambda: exchanges() >= seen + 50, 60, "50 more exchanges after the churn pods left")
+    (ctl / "stop").write_text("stop")
+    wait_phase(kube.core, namespace, "steady", "Succeeded")
+    out = logs(kube.kubeconfig, namespace, "steady")
+    assert "FAILED" not in out, out
+    assert len({line for line in out.splitlines() if line.startswith("gateway")}) == 1, out
