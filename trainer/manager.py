@@ -27,7 +27,7 @@ from ftjob.trainer.lighthouse_client import EvictedError, LighthouseClient, Ligh
 from ftjob.trainer.manager_group import InGroup
 from ftjob.trainer.process_group import CollectiveError, CrossGroupPG
 from ftjob.trainer.recovery import RecoveryError, RecoveryServer, fetch_state
-from ftjob.trainer.recovery_codec import CodecError, DTensor
+from ftjob.trainer.recovery_codec import CodecError, local_part
 
 log = logging.getLogger("ftjob.manager")
 
@@ -70,8 +70,7 @@ def param_digest(tensors: Iterable[torch.Tensor]) -> str:
     """sha256 over the bytes of the tensors (local shards for DTensors): equal digests = bitwise-equal params."""
     h = hashlib.sha256()
     for t in tensors:
-        local = t.to_local() if DTensor is not None and isinstance(t, DTensor) else t
-        h.update(local.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(local_part(t).detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -235,7 +234,7 @@ class Manager:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad.to_local() if DTensor is not None and isinstance(p.grad, DTensor) else p.grad for p in params]
+        grads = [local_part(p.grad) for p in params]
         buckets: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
         by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for g in grads:

@@ -6,15 +6,11 @@ DTensors (FSDP2) travel as their local shard; the receiving rank rebuilds them o
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-try:  # DTensor is only needed when the model is sharded with FSDP2
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-except ImportError:  # pragma: no cover - every torch this project supports has it
-    DTensor = None  # type: ignore[assignment,misc]
 
 ALIGN = 64  # every tensor starts at a multiple of this, so a byte view can be re-typed to any dtype
 DTYPES: dict[str, torch.dtype] = {
@@ -46,11 +42,21 @@ class Packed:
     copied: Any = None  # a CUDA event when the copies into ``buffer`` are still in flight
 
 
-def _is_dtensor(value: Any) -> bool:
-    return DTensor is not None and isinstance(value, DTensor)
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a DTensor, without importing torch.distributed.tensor: that import costs ~0.9 s (it pulls
+    sympy) on every trainer start, and no DTensor can exist until FSDP2 has imported it anyway."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
+
+
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard; any other tensor itself."""
+    return t.to_local() if is_dtensor(t) else t  # type: ignore[attr-defined]
 
 
 def _placement_json(p: Any) -> list[Any]:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
     if isinstance(p, Shard):
         return ["shard", p.dim]
     if isinstance(p, Replicate):
@@ -61,6 +67,8 @@ def _placement_json(p: Any) -> list[Any]:
 
 
 def _placement_from_json(p: list[Any]) -> Any:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
     if p and p[0] == "shard" and len(p) == 2 and isinstance(p[1], int):
         return Shard(p[1])
     if p == ["replicate"]:
@@ -77,7 +85,7 @@ def pack(state: Any) -> Packed:
     def encode(obj: Any, path: str) -> Any:
         if isinstance(obj, torch.Tensor):
             info: dict[str, Any] = {"dtensor": None}
-            if _is_dtensor(obj):
+            if is_dtensor(obj):
                 info["dtensor"] = {
                     "placements": [_placement_json(p) for p in obj.placements],
                     "shape": list(obj.shape),
@@ -133,7 +141,7 @@ def _lookup(template: Any, path: list[Any]) -> Any:
 
 
 def _any_mesh(template: Any) -> Any:
-    if _is_dtensor(template):
+    if is_dtensor(template):
         return template.device_mesh
     values = template.values() if isinstance(template, dict) else template if isinstance(template, list) else ()
     for v in values:
@@ -168,8 +176,10 @@ def unpack(meta: Any, tensors: list[dict[str, Any]], buffer: torch.Tensor, templ
         spec = info.get("dtensor")
         if not spec:
             return local
+        from torch.distributed.tensor import DTensor
+
         like = _lookup(template, path)
-        if _is_dtensor(like):
+        if is_dtensor(like):
             mesh_of_like, placements_of_like = like.device_mesh, like.placements
             return DTensor.from_local(
                 local, mesh_of_like, placements_of_like, shape=torch.Size(spec["shape"]), stride=tuple(spec["stride"])
