@@ -1,0 +1,65 @@
+"""A node lost under a running job (its network cut: the pods' processes live on but the node stops reporting): the
+operator replaces only the group on that node, on another node, and does not leave its pod Terminating forever."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from helpers import Kube, cluster, node_names, wait_for
+from kubernetes import client
+from opkit import create_job, get_job, job_manifest, lighthouse_pod, patch_job, running_groups
+
+pytestmark = pytest.mark.cluster
+
+
+def set_unschedulable(core: client.CoreV1Api, node: str, value: bool) -> None:
+    core.patch_node(node, {"spec": {"unschedulable": value}})
+
+
+def node_ready(core: client.CoreV1Api, node: str) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in core.read_node(node).status.conditions or [])
+
+
+@pytest.fixture
+def two_nodes(kube: Kube) -> Iterator[tuple[str, str]]:
+    """Two nodes, given back healed, schedulable and Ready whatever the test did to them."""
+    names = node_names()
+    assert len(names) >= 2, f"this test needs a cluster of at least 2 nodes, this one has {names}"
+    yield names[0], names[1]
+    for node in names:
+        cluster("heal-node", node)
+        set_unschedulable(kube.core, node, False)
+    cluster("up")
+    for node in names:
+        wait_for(lambda n=node: node_ready(kube.core, n), 60, f"{node} to be Ready again")
+
+
+def test_lost_node_replaces_only_its_group_elsewhere(kube, namespace, operators, two_nodes):
+    node_a, node_b = two_nodes
+    operators()
+    # Placement by cordoning: the lighthouse and group 0 on node A, then group 1 alone on node B.
+    set_unschedulable(kube.core, node_b, True)
+    create_job(kube.custom, namespace, job_manifest("nl", replicas=1))
+    wait_for(lambda: len(running_groups(kube.core, namespace, "nl")) == 1, 120, "group 0 running")
+    assert lighthouse_pod(kube.core, namespace, "nl").spec.node_name == node_a
+    set_unschedulable(kube.core, node_a, True)
+    set_unschedulable(kube.core, node_b, False)
+    patch_job(kube.custom, namespace, "nl", {"spec": {"replicas": 2}})
+    before = wait_for(lambda: (g := running_groups(kube.core, namespace, "nl")) and len(g) == 2 and g, 120,
+                      "group 1 running on node B")  # fmt: skip
+    assert before[0][0].spec.node_name == node_a and before[1][0].spec.node_name == node_b
+    set_unschedulable(kube.core, node_a, False)
+    victim = before[1][0].metadata.name
+
+    cluster("cut-node", node_b)
+
+    after = wait_for(lambda: (g := running_groups(kube.core, namespace, "nl")) and len(g) == 2
+                     and g[1][0].metadata.name != victim and g, 120, "group 1 replaced")  # fmt: skip
+    assert after[1][0].spec.node_name == node_a, "the replacement must avoid the lost node"
+    assert after[0][0].metadata.uid == before[0][0].metadata.uid, "group 0 must not be touched"
+    # Node B cannot confirm a graceful deletion: the operator deletes the old pod with no grace instead.
+    names = lambda: {p.metadata.name for p in kube.core.list_namespaced_pod(namespace).items}  # noqa: E731
+    wait_for(lambda: victim not in names(), 60, f"{victim} gone from the API although its node is cut off")
+    status = get_job(kube.custom, namespace, "nl")["status"]
+    assert status["restartsByReason"] == {"NodeLost": 1}, status
