@@ -5,8 +5,9 @@ Both sides train the `small` preset (~3.2M parameters) on the same stdlib corpus
 replica groups through the lighthouse and Manager; DDP: 3 ranks). Each is measured `--rounds` times, interleaved
 (ours, DDP, ours, DDP, ...) so background load on a shared machine hits both alike; the step time of a run is the
 median gap between consecutive committed steps after `--warmup` steps. Prints each round and the ratio of medians
-(target <= 1.03). If torchft is importable (the optional `bench` extra) it is measured the same way and ours ÷
-torchft is printed too.
+(target <= 1.03). If torchft is importable (the optional `bench` extra) it is measured the same way in the same
+rounds (ours, DDP, torchft, ours, ...: 3 one-rank replica groups through torchft's lighthouse, Manager and gloo
+process group; see torchft_runner.py) and ours ÷ torchft and torchft ÷ DDP are printed too.
 
   $(hack/lib/python-env.sh)/bin/python hack/bench/bench_trainer.py [--steps 40] [--rounds 3] [--model small]
 """
@@ -17,6 +18,7 @@ import argparse
 import importlib.util
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -26,6 +28,8 @@ from ftjob.trainer import cli
 from ftjob.trainer.config import TrainConfig
 from ftjob.trainer.launcher_ddp import run_ddp
 from ftjob.trainer.report import read_run_dir
+
+HAVE_TORCHFT = importlib.util.find_spec("torchft") is not None
 
 
 def median_gap(times: list[float], warmup: int) -> float:
@@ -65,6 +69,19 @@ def run_plain_ddp(work: Path, a: argparse.Namespace) -> float:
     return statistics.median(median_gap(times, a.warmup) for times in result.step_times)
 
 
+def run_torchft(work: Path, a: argparse.Namespace) -> float:
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:  # run other than as a script (runpy, an import): torchft_runner is next to this file
+        sys.path.insert(0, here)
+    import torchft_runner  # only imported when torchft is
+
+    cfg = TrainConfig(model=a.model, steps=a.steps, batch_size=a.batch_size, log_every=max(a.steps // 4, 1))
+    result = torchft_runner.run_torchft(cfg, a.groups, work)
+    if len(set(result.digests)) != 1:  # would mean torchft's groups did not train the same replica
+        raise RuntimeError(f"torchft groups ended with different parameters: {result.digests}")
+    return statistics.median(median_gap(times, a.warmup) for times in result.step_times)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="small")
@@ -75,16 +92,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", type=Path, help="also write the figures here")
     a = p.parse_args(argv)
-    ours, ddp = [], []
+    # Every side's workers start with one OpenMP thread, as our launcher starts its ranks: the DDP ranks set it
+    # only after importing torch, too late, and the idle OpenMP thread that then stays costs time on a busy host.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    ours: list[float] = []
+    ddp: list[float] = []
+    tft: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         for i in range(a.rounds):
             ours.append(run_ours(Path(tmp) / f"ours-{i}", a))
             ddp.append(run_plain_ddp(Path(tmp) / f"ddp-{i}", a))
-            print(
+            line = (
                 f"[bench] round {i + 1}/{a.rounds}: ftjob {ours[-1] * 1e3:.1f} ms/step, DDP {ddp[-1] * 1e3:.1f} "
-                f"ms/step, ratio {ours[-1] / ddp[-1]:.3f}",
-                flush=True,
+                f"ms/step, ratio {ours[-1] / ddp[-1]:.3f}"
             )
+            if HAVE_TORCHFT:
+                tft.append(run_torchft(Path(tmp) / f"torchft-{i}", a))
+                line += (
+                    f"; torchft {tft[-1] * 1e3:.1f} ms/step, ftjob ÷ torchft {ours[-1] / tft[-1]:.3f}, "
+                    f"torchft ÷ DDP {tft[-1] / ddp[-1]:.3f}"
+                )
+            print(line, flush=True)
     ratio = statistics.median(ours) / statistics.median(ddp)
     figures = {
         "model": a.model,
@@ -94,12 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         "ddp_step_s": ddp,
         "ratio_ftjob_over_ddp": ratio,
         "target": 1.03,
+        "torchft_step_s": tft or None,  # None: torchft not installed, not measured
+        "ratio_ftjob_over_torchft": statistics.median(ours) / statistics.median(tft) if tft else None,
+        "ratio_torchft_over_ddp": statistics.median(tft) / statistics.median(ddp) if tft else None,
     }
     print(f"[bench] ftjob ÷ DDP step time: {ratio:.3f} (target <= 1.03; medians of {a.rounds} interleaved rounds)")
-    if importlib.util.find_spec("torchft") is None:
-        print("[bench] torchft is not installed (optional `bench` extra): ours ÷ torchft not measured")
+    if tft:
+        print(
+            f"[bench] ftjob ÷ torchft step time: {figures['ratio_ftjob_over_torchft']:.3f}; torchft ÷ DDP: "
+            f"{figures['ratio_torchft_over_ddp']:.3f} (medians of {a.rounds} interleaved rounds)"
+        )
     else:
-        print("[bench] torchft is importable, but its runner is not implemented here yet: not measured")
+        print("[bench] torchft is not installed (optional `bench` extra): ours ÷ torchft not measured")
     if a.json:
         a.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
