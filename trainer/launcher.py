@@ -269,7 +269,9 @@ class Launcher:
                 self._give_up_stranded()
                 if not self.running and not self.restart_at:
                     break  # everyone that could finish has
-                step = self.status.committed_step(fallback=self.progress.max_step())
+                # Asked only while a kill waits for its step: polling the lighthouse's status every 50 ms costs CPU
+                # that the groups' training shares on a small machine.
+                step = self.status.committed_step(fallback=self.progress.max_step()) if pending_kills else 0
                 while pending_kills and step >= pending_kills[0] and (victim := self._pick_victim()):
                     pending_kills.pop(0)
                     self._kill(victim)
