@@ -7,6 +7,8 @@ Step protocol (see trainer/contract.py for the lighthouse API):
                           data position from the named peer (rank i from rank i) and applies it on this thread.
   allreduce_gradients()   grads summed across the quorum in flat buckets and divided by the contributors; a spare or
                           healing group sends zeros and receives the average. Failures are recorded, never raised.
+                          With register_params() (one rank per group) the buckets' all-reduces already start
+                          during the backward pass; this call then only waits for them.
   should_commit()         unanimous vote inside the group; the step counter moves only on a commit.
 Failures never block longer than ``collective_timeout_s``, and the lighthouse's abort signal (a member evicted,
 timed out or disconnected) wakes a pending collective at once.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from ftjob.trainer.grad_buckets import BackwardLauncher, flatten, plan_buckets, unflatten_into
 from ftjob.trainer.lighthouse_client import EvictedError, LighthouseClient, LighthouseError
 from ftjob.trainer.manager_group import InGroup
 from ftjob.trainer.process_group import CollectiveError, CrossGroupPG
@@ -47,7 +50,7 @@ class ManagerConfig:
     store_port: int = 0  # 0 = ephemeral
     device: str = "cpu"  # "cuda" -> NCCL across groups (with pinned-memory recovery staging), else gloo
     heartbeat_interval_s: float = 0.1
-    bucket_bytes: int = 32 * 1024 * 1024  # gradient bucket size: one collective per bucket
+    bucket_bytes: int = 4 * 1024 * 1024  # gradient bucket size: one collective per bucket (the first is 1 MiB)
     recovery_parallelism: int = 4  # concurrent chunk requests while healing
 
 
@@ -112,6 +115,23 @@ class Manager:
         self._step_error: str | None = None
         self._commit_failures = 0
         self._last_heal_s: float | None = None
+        self._layout: tuple[list[int], list[list[int]]] | None = None  # (param ids, buckets)
+        self._launcher: BackwardLauncher | None = None
+
+    def register_params(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Lets the all-reduce of each gradient bucket start during the backward pass (hooks on ``params``, which
+        must be the list later given to allreduce_gradients, with one backward per step). A no-op for sharded
+        groups (world_size > 1): FSDP2 reduces inside the group only after the backward."""
+        if self.cfg.world_size > 1 or self._launcher is not None:
+            return
+        params = [p for p in params if p.requires_grad]
+        self._launcher = BackwardLauncher(params, self._buckets(params))
+
+    def _buckets(self, params: list[torch.nn.Parameter]) -> list[list[int]]:
+        ids = [id(p) for p in params]
+        if self._layout is None or self._layout[0] != ids:
+            self._layout = (ids, plan_buckets(params, self.cfg.bucket_bytes))
+        return self._layout[1]
 
     # --- abort signal ------------------------------------------------------------------------------------------
     def _should_abort(self) -> bool:
@@ -184,6 +204,12 @@ class Manager:
             participants=q["replica_world_size"],
             healed=healed,
         )
+        if self._launcher is not None:
+            overlap = contributing and self._step_error is None and self._pg.quorum_id == self._inflight
+            if overlap and self._pg.world > 1:
+                self._launcher.arm(self._pg.allreduce_start)
+            else:
+                self._launcher.disarm()
         return self._info
 
     def _heal(self, q: dict[str, Any]) -> bool:
@@ -231,50 +257,48 @@ class Manager:
             raise RuntimeError("allreduce_gradients() called before start_quorum() for this step")
         if self._step_error is not None and self._pg.quorum_id != self._inflight:
             return  # no process group for this quorum: nothing to take part in
+        if self._launcher is not None and self._launcher.armed:
+            self._finish_overlapped(params, info.num_contributors)
+            return
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         grads = [local_part(p.grad) for p in params]
-        buckets: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
-        by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-        for g in grads:
-            by_kind.setdefault((g.dtype, g.device), []).append(g)
+        buckets = self._buckets(params)
         # A step that already failed (e.g. its heal) still takes part, sending zeros, so its peers are not left
         # waiting for a collective timeout; its own result is discarded by should_commit().
-        send = info.contributing and self._step_error is None
-        for (dtype, device), group in by_kind.items():
-            current: list[torch.Tensor] = []
-            size = 0
-            for g in group:
-                if current and (size + g.numel()) * g.element_size() > self.cfg.bucket_bytes:
-                    buckets.append(self._bucket(current, size, dtype, device, send))
-                    current, size = [], 0
-                current.append(g)
-                size += g.numel()
-            if current:
-                buckets.append(self._bucket(current, size, dtype, device, send))
+        if info.contributing and self._step_error is None:
+            flats = [flatten([grads[i] for i in b]) for b in buckets]
+        else:
+            flats = [torch.zeros(sum(grads[i].numel() for i in b), dtype=grads[b[0]].dtype, device=grads[b[0]].device)
+                     for b in buckets]  # fmt: skip
         try:
-            self._pg.allreduce_sum([b for b, _ in buckets], self._should_abort)
+            self._pg.allreduce_sum(flats, self._should_abort)
         except CollectiveError as e:
             self.metrics["aborted_collectives"] += 1
             self._fail(str(e))
             return
         if self._step_error is not None:
             return
-        for flat, members in buckets:
-            if info.num_contributors > 1:
-                flat.div_(info.num_contributors)
-            pieces = flat.split([m.numel() for m in members])
-            torch._foreach_copy_(members, [piece.view_as(m) for piece, m in zip(pieces, members, strict=True)])
+        for flat, b in zip(flats, buckets, strict=True):
+            unflatten_into(flat, [grads[i] for i in b], info.num_contributors)
 
-    @staticmethod
-    def _bucket(
-        members: list[torch.Tensor], size: int, dtype: torch.dtype, device: torch.device, contributing: bool
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A fresh flat buffer (never a view of the grads: an abandoned collective may still write into it)."""
-        if contributing:
-            return torch.cat([m.reshape(-1) for m in members]), members
-        return torch.zeros(size, dtype=dtype, device=device), members
+    def _finish_overlapped(self, params: list[torch.nn.Parameter], num_contributors: int) -> None:
+        assert self._launcher is not None
+        if [id(p) for p in params] != [id(p) for p in self._launcher.params]:
+            raise RuntimeError("allreduce_gradients() got other parameters than register_params()")
+        flats, works, error = self._launcher.finish()
+        try:
+            if error is not None:
+                self._pg.abandon(works)
+                raise error if isinstance(error, CollectiveError) else CollectiveError(str(error))
+            self._pg.allreduce_wait(works, self._should_abort)
+        except CollectiveError as e:
+            self.metrics["aborted_collectives"] += 1
+            self._fail(str(e))
+            return
+        for flat, b in zip(flats, self._launcher.buckets, strict=True):
+            unflatten_into(flat, [local_part(params[i].grad) for i in b], num_contributors)
 
     def should_commit(self) -> bool:
         """Unanimous vote of the group's ranks; True -> the caller steps the optimizer, and ``step`` moves on."""
@@ -294,6 +318,8 @@ class Manager:
         self._client.step = self.step
         self._info = None
         self._inflight = None
+        if self._launcher is not None:
+            self._launcher.disarm()
         return ok
 
     def report_finished(self, param_digest: str) -> None:

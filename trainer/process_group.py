@@ -68,7 +68,8 @@ class CrossGroupPG:
                 return
             pg = item[0]
             try:
-                pg.abort()  # NCCL: cancels the hung kernels; gloo: harmless, its work ends at its own timeout
+                if pg is not None:
+                    pg.abort()  # NCCL: cancels the hung kernels; gloo: harmless, its work ends at its own timeout
             except Exception:
                 pass
             del item, pg  # may block until the abandoned collective times out: fine, this is the reaper thread
@@ -79,6 +80,11 @@ class CrossGroupPG:
             self._graveyard.put((self._pg, pending))
         self._pg = None
         self.quorum_id = None
+
+    def abandon(self, works: list[Any]) -> None:
+        """Hands started work of an already retired group to the reaper: dropping it may block."""
+        if works:
+            self._graveyard.put((None, works))
 
     def close(self) -> None:
         """Releases every group; waits (bounded by the collective timeout) for abandoned ones to wind down, since
@@ -166,12 +172,27 @@ class CrossGroupPG:
 
         Raises CollectiveError on failure, timeout or abort; the group is then retired (the caller's buckets may
         still be written by the abandoned collective: never reuse them)."""
+        self.allreduce_wait([self.allreduce_start(b) for b in buckets], should_abort)
+
+    def allreduce_start(self, bucket: torch.Tensor) -> Any:
+        """Starts summing one bucket in place across the quorum (None when this group is alone)."""
         if self.world == 1:
-            return
+            return None
         if self._pg is None:
             raise CollectiveError("no process group for this quorum (its construction failed)")
+        try:
+            return self._pg.allreduce([bucket])
+        except Exception as e:
+            self.retire()
+            raise CollectiveError(f"all-reduce could not start: {e}") from e
+
+    def allreduce_wait(self, works: list[Any], should_abort: Callable[[], bool]) -> None:
+        """Waits for started all-reduces, bounded by the collective timeout and woken by an abort signal."""
+        works = [w for w in works if w is not None]
+        if not works:
+            return
         self._wake.clear()
-        pending = [len(buckets)]
+        pending = [len(works)]
         lock = threading.Lock()
 
         def one_done(_fut: Any) -> None:
@@ -180,14 +201,8 @@ class CrossGroupPG:
                 if pending[0] == 0:
                     self._wake.set()
 
-        try:
-            works = [self._pg.allreduce([b]) for b in buckets]
-        except Exception as e:
-            self.retire()
-            raise CollectiveError(f"all-reduce could not start: {e}") from e
-        futures = [w.get_future() for w in works]
-        for fut in futures:
-            fut.add_done_callback(one_done)
+        for w in works:
+            w.get_future().add_done_callback(one_done)
         deadline = time.monotonic() + self.timeout_s
         while True:
             with lock:

@@ -182,6 +182,7 @@ class Trainer:
             self.state_dict,
             self.load_state_dict,
         )
+        mgr.register_params(self.params)  # gradient buckets all-reduced during the backward pass
         if start_step:
             mgr.step = start_step  # a whole-job restart: the checkpoint's step is where this group stands
         self._say(

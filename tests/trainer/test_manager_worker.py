@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
         quorum_timeout_s=args.quorum_timeout,
     )
     mgr = Manager(cfg, state_dict, load_state_dict)
+    mgr.register_params(model.parameters())  # buckets all-reduced during the backward (one rank per group)
     emit(event="ready", group=args.group, pid=os.getpid())
     while mgr.step < args.steps:
         if mgr.step == args.pause_at_step:  # lets a test start another group while this one is mid-run
