@@ -8,6 +8,7 @@ incarnation gets EvictedError; any other refusal is a LighthouseError carrying t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
@@ -91,6 +92,10 @@ class LighthouseClient:
     def quorum(self, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Long-polls for this step's quorum; retries until ``timeout_s`` through restarts and 504s."""
         return self._run(self._quorum(body, time.monotonic() + timeout_s), timeout_s + 10)
+
+    def quorum_async(self, body: dict[str, Any], timeout_s: float) -> concurrent.futures.Future[dict[str, Any]]:
+        """The same long-poll, started now and collected later with ``.result()`` (cancel it if never needed)."""
+        return asyncio.run_coroutine_threadsafe(self._quorum(body, time.monotonic() + timeout_s), self._loop)
 
     def heartbeat(self, step: int, finished: bool = False, param_digest: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"group": self.group, "incarnation": self.incarnation, "step": step, "rank": self.rank}

@@ -10,12 +10,14 @@ Step protocol (see trainer/contract.py for the lighthouse API):
                           With register_params() (one rank per group) the buckets' all-reduces already start
                           during the backward pass; this call then only waits for them.
   should_commit()         unanimous vote inside the group; the step counter moves only on a commit.
+  prefetch_quorum()       optional, after a commit: asks for the next step's quorum while the optimizer steps.
 Failures never block longer than ``collective_timeout_s``, and the lighthouse's abort signal (a member evicted,
 timed out or disconnected) wakes a pending collective at once.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import time
@@ -117,6 +119,7 @@ class Manager:
         self._last_heal_s: float | None = None
         self._layout: tuple[list[int], list[list[int]]] | None = None  # (param ids, buckets)
         self._launcher: BackwardLauncher | None = None
+        self._prefetched: concurrent.futures.Future[dict[str, Any]] | None = None  # next step's quorum request
 
     def register_params(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Lets the all-reduce of each gradient bucket start during the backward pass (hooks on ``params``, which
@@ -142,9 +145,7 @@ class Manager:
             self._pg.interrupt()
 
     # --- step protocol -----------------------------------------------------------------------------------------
-    def _ask_lighthouse(self) -> dict[str, Any]:
-        if self.cfg.rank != 0:
-            return {}
+    def _quorum_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "group": self.cfg.group,
             "incarnation": self.incarnation,
@@ -159,8 +160,23 @@ class Manager:
         }
         if self._last_heal_s is not None:
             body["heal_seconds"] = self._last_heal_s
+        return body
+
+    def prefetch_quorum(self) -> None:
+        """Sends the next step's quorum request now (right after a commit), so its round-trip overlaps the
+        optimizer step instead of opening the next step; start_quorum() then collects the answer."""
+        if self.cfg.rank == 0 and self._prefetched is None:
+            self._prefetched = self._client.quorum_async(self._quorum_body(), self.cfg.quorum_timeout_s)
+
+    def _ask_lighthouse(self) -> dict[str, Any]:
+        if self.cfg.rank != 0:
+            return {}
+        pending, self._prefetched = self._prefetched, None
         try:
-            answer = self._client.quorum(body, self.cfg.quorum_timeout_s)
+            if pending is not None:
+                answer = pending.result(self.cfg.quorum_timeout_s + 10)
+            else:
+                answer = self._client.quorum(self._quorum_body(), self.cfg.quorum_timeout_s)
             self._last_heal_s = None
             return answer
         except EvictedError as e:
@@ -328,6 +344,8 @@ class Manager:
             self._client.heartbeat(self.step, finished=True, param_digest=param_digest)
 
     def shutdown(self) -> None:
+        if self._prefetched is not None:
+            self._prefetched.cancel()  # the lighthouse then forgets the request (its connection closes)
         self._client.close()
         self._recovery.close()
         self._pg.close()

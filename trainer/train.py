@@ -239,6 +239,8 @@ class Trainer:
             mgr.allreduce_gradients(self.params)
             t_allreduce = time.monotonic()
             if mgr.should_commit():
+                if mgr.step < cfg.steps:
+                    mgr.prefetch_quorum()  # the next quorum's round-trip overlaps this optimizer step
                 # where the step's time went, so the manager's overhead can be read off the records
                 phases = {
                     "quorum": t_quorum - step_started,
