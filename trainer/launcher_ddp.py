@@ -56,6 +56,37 @@ def worker(rank: int, world: int, port: int, cfg: TrainConfig, out: Path) -> Non
     dist.destroy_process_group()
 
 
+# The training settings a baseline's child processes get on their command line (here and in hack/bench's torchft
+# runner), so every side of a comparison trains exactly the same thing.
+def add_config_flags(p: argparse.ArgumentParser, steps: int) -> None:
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=TrainConfig.seed)
+    p.add_argument("--threads", type=int, default=TrainConfig.threads)
+    p.add_argument("--corpus-bytes", type=int, default=TrainConfig.corpus_bytes)
+    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--log-every", type=int, default=10)
+
+
+def config_from_flags(a: argparse.Namespace) -> TrainConfig:
+    fields = ("model", "steps", "batch_size", "seed", "threads", "corpus_bytes", "lr", "log_every")
+    return TrainConfig(**{f: getattr(a, f) for f in fields}).validate()
+
+
+def config_argv(cfg: TrainConfig) -> list[str]:
+    return [
+        f"--model={cfg.model}",
+        f"--steps={cfg.steps}",
+        f"--batch-size={cfg.batch_size}",
+        f"--seed={cfg.seed}",
+        f"--threads={cfg.threads}",
+        f"--corpus-bytes={cfg.corpus_bytes}",
+        f"--lr={cfg.lr}",
+        f"--log-every={cfg.log_every}",
+    ]
+
+
 @dataclass(frozen=True)
 class DDPResult:
     params: dict[str, torch.Tensor]  # rank 0's final parameters
@@ -67,19 +98,7 @@ class DDPResult:
 def run_ddp(cfg: TrainConfig, world: int, out: Path, timeout_s: float = 600.0) -> DDPResult:
     """Run ``world`` DDP ranks as local processes and collect their results."""
     port = free_port()
-    args = [
-        f"--world={world}",
-        f"--port={port}",
-        f"--out={out}",
-        f"--model={cfg.model}",
-        f"--steps={cfg.steps}",
-        f"--batch-size={cfg.batch_size}",
-        f"--seed={cfg.seed}",
-        f"--threads={cfg.threads}",
-        f"--corpus-bytes={cfg.corpus_bytes}",
-        f"--lr={cfg.lr}",
-        f"--log-every={cfg.log_every}",
-    ]
+    args = [f"--world={world}", f"--port={port}", f"--out={out}", *config_argv(cfg)]
     procs = [
         subprocess.Popen([sys.executable, "-m", "ftjob.trainer.launcher_ddp", f"--rank={r}", *args])
         for r in range(world)
@@ -110,25 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world", type=int, default=3)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--corpus-bytes", type=int, default=TrainConfig.corpus_bytes)
-    p.add_argument("--lr", type=float, default=TrainConfig.lr)
-    p.add_argument("--log-every", type=int, default=10)
+    add_config_flags(p, steps=50)
     a = p.parse_args(argv)
-    cfg = TrainConfig(
-        model=a.model,
-        steps=a.steps,
-        batch_size=a.batch_size,
-        seed=a.seed,
-        threads=a.threads,
-        corpus_bytes=a.corpus_bytes,
-        lr=a.lr,
-        log_every=a.log_every,
-    ).validate()
+    cfg = config_from_flags(a)
     if a.rank is not None:
         worker(a.rank, a.world, a.port, cfg, a.out)
         return 0

@@ -304,14 +304,16 @@ class Manager:
         if [id(p) for p in params] != [id(p) for p in self._launcher.params]:
             raise RuntimeError("allreduce_gradients() got other parameters than register_params()")
         flats, works, error = self._launcher.finish()
-        try:
-            if error is not None:
-                self._pg.abandon(works)
-                raise error if isinstance(error, CollectiveError) else CollectiveError(str(error))
-            self._pg.allreduce_wait(works, self._should_abort)
-        except CollectiveError as e:
+        if error is None:
+            try:
+                self._pg.allreduce_wait(works, self._should_abort)
+            except CollectiveError as e:
+                error = e
+        else:
+            self._pg.abandon(works)  # some buckets never started: the group is already retired
+        if error is not None:
             self.metrics["aborted_collectives"] += 1
-            self._fail(str(e))
+            self._fail(str(error))
             return
         for flat, b in zip(flats, self._launcher.buckets, strict=True):
             unflatten_into(flat, [local_part(params[i].grad) for i in b], num_contributors)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from ftjob.trainer.config import TrainConfig
 from ftjob.trainer.data import Corpus, SampleSource, shard_range
+from ftjob.trainer.launcher_ddp import add_config_flags, config_argv, config_from_flags
 from ftjob.trainer.launcher_procs import free_port
 from ftjob.trainer.model import build_model, digest_of, full_params
 from ftjob.trainer.train import forward_backward, lr_at, make_optimizer, set_lr
@@ -204,14 +205,7 @@ def run_torchft(cfg: TrainConfig, groups: int, out: Path, timeout_s: float = 600
             f"--groups={groups}",
             f"--lighthouse=http://127.0.0.1:{port}",
             f"--out={out}",
-            f"--model={cfg.model}",
-            f"--steps={cfg.steps}",
-            f"--batch-size={cfg.batch_size}",
-            f"--seed={cfg.seed}",
-            f"--threads={cfg.threads}",
-            f"--corpus-bytes={cfg.corpus_bytes}",
-            f"--lr={cfg.lr}",
-            f"--log-every={cfg.log_every}",
+            *config_argv(cfg),
         ]
         workers = []
         for g in range(groups):
@@ -256,30 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--lighthouse", default="")
     p.add_argument("--out", type=Path)
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=TrainConfig.seed)
-    p.add_argument("--threads", type=int, default=TrainConfig.threads)
-    p.add_argument("--corpus-bytes", type=int, default=TrainConfig.corpus_bytes)
-    p.add_argument("--lr", type=float, default=TrainConfig.lr)
-    p.add_argument("--log-every", type=int, default=10)
+    add_config_flags(p, steps=20)
     a = p.parse_args(argv)
     if a.mode == "lighthouse":
         lighthouse_main(a.port, a.min_replicas)
         return 0
     if a.out is None:
         p.error("--out is required")
-    cfg = TrainConfig(
-        model=a.model,
-        steps=a.steps,
-        batch_size=a.batch_size,
-        seed=a.seed,
-        threads=a.threads,
-        corpus_bytes=a.corpus_bytes,
-        lr=a.lr,
-        log_every=a.log_every,
-    ).validate()
+    cfg = config_from_flags(a)
     if a.mode == "worker":
         worker(a.group, a.groups, a.lighthouse, cfg, a.out)
         return 0
