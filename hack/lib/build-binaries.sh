@@ -10,22 +10,39 @@ ETCD_VERSION=${FTJOB_ETCD_VERSION:-v3.6.16}
 HELM_VERSION=${FTJOB_HELM_VERSION:-v3.22.0}
 CACHE=${FTJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ftjob}
 BIN=$CACHE/bin/k8s-$K8S_VERSION
+# The Go toolchain's chatter (hundreds of `go: downloading ...` lines) goes here, not to the console.
+BUILD_LOG=$CACHE/logs/build-binaries.log
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
-mkdir -p "$BIN"
+[ "${1:-all}" = dir ] || mkdir -p "$BIN" "$(dirname "$BUILD_LOG")"
 
 start=$(date +%s)
 log() { printf '[build %4ds] %s\n' "$(( $(date +%s) - start ))" "$*" >&2; }
 
-# Runs a long command while printing a heartbeat line every 30 s, so a cold build never looks hung.
+# Runs a long command with its output appended to $BUILD_LOG, printing a heartbeat line every 30 s so a cold build
+# never looks hung; on failure the log's tail and path reach the console.
 with_progress() {
   local what=$1; shift
-  "$@" &
+  echo "==== $(date '+%F %T') $what: $*" >>"$BUILD_LOG"
+  "$@" >>"$BUILD_LOG" 2>&1 &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     kill -0 "$pid" 2>/dev/null && log "still building $what ..."
   done
-  wait "$pid"
+  if ! wait "$pid"; then
+    log "FAILED: $what; last lines of $BUILD_LOG:"
+    tail -n 25 "$BUILD_LOG" >&2
+    log "the whole log: $BUILD_LOG"
+    return 1
+  fi
+}
+
+# The .mod file the module proxy serves for MODULE@VERSION (downloaded into Go's module cache).
+mod_file() {
+  local work=$1 module=$2 out
+  out=$(cd "$work" && go mod download -json "$module" 2>>"$BUILD_LOG") || {
+    log "FAILED: go mod download $module; see $BUILD_LOG"; tail -n 25 "$BUILD_LOG" >&2; return 1; }
+  printf '%s\n' "$out" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p'
 }
 
 build_kubernetes() {
@@ -36,7 +53,7 @@ build_kubernetes() {
   local work=$CACHE/src/k8s-wrapper-$K8S_VERSION
   mkdir -p "$work"
   local modfile
-  modfile=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  modfile=$(mod_file "$work" "k8s.io/kubernetes@$K8S_VERSION")
   local minor=${K8S_VERSION#v1.}; local staging_version=v0.$minor
   {
     echo "module ftjob.local/k8s-wrapper"
@@ -60,7 +77,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 )
 GO
-  (cd "$work" && log "resolving modules" && go mod tidy -e >/dev/null 2>&1 || true)
+  log "resolving modules (go: downloading ... goes to $BUILD_LOG)"
+  (cd "$work" && go mod tidy -e >>"$BUILD_LOG" 2>&1 || true)
   local major=1 minor_num=${minor%%.*}
   local ld="-s -w"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -82,7 +100,7 @@ build_etcd() {
   local work=$CACHE/src/etcd-wrapper-$ETCD_VERSION
   mkdir -p "$work"
   local modfile
-  modfile=$(cd "$work" && go mod download -json "go.etcd.io/etcd/server/v3@$ETCD_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  modfile=$(mod_file "$work" "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
   {
     echo "module ftjob.local/etcd-wrapper"
     echo
@@ -93,7 +111,7 @@ build_etcd() {
       while read -r m; do echo "replace $m => $m $ETCD_VERSION"; done
   } >"$work/go.mod"
   printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' >"$work/tools.go"
-  (cd "$work" && go mod tidy -e >/dev/null 2>&1 || true)
+  (cd "$work" && go mod tidy -e >>"$BUILD_LOG" 2>&1 || true)
   (cd "$work" && with_progress etcd go build -trimpath -ldflags "-s -w" -o "$BIN/etcd.tmp" go.etcd.io/etcd/server/v3)
   mv "$BIN/etcd.tmp" "$BIN/etcd"
   log "built etcd"
