@@ -1,42 +1,38 @@
-"""Fault injection: kill a node outright, or cut a node's or a pod's network link and heal it again."""
+"""Fault injection on real nodes: kill a node outright, cut a node's or a pod's network link and heal it, freeze a
+pod (SIGSTOP every process: a silent failure, no socket is reset) and thaw it.
+
+A node's processes are its components (tracked by PID files), whatever runs in its network namespace (containerd's
+shims) and everything in its cgroup tree (every container of every pod). A pod's processes are those in its pod
+cgroup (`pod<uid>`, the kubelet's cgroupfs naming).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 import urllib.error
 
-from clusterlib import netsetup, nodes, procs
+from clusterlib import cgroups, netsetup, nodes, procs, runtime
 from clusterlib.settings import Settings
 
 
-def _pod_records(s: Settings, n: int) -> list[dict]:
-    """What node N's agent recorded about its pods (<state_dir>/pods/<uid>/pod.json)."""
-    records = []
-    for path in sorted((s.node_dir(n) / "state" / "pods").glob("*/pod.json")):
-        try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # a record being written right now; its pod's processes still die with the agent's tree
-    return records
+def pod_pids(s: Settings, n: int, uid: str = "") -> list[int]:
+    """Every container process on node N (of one pod, if `uid` is given)."""
+    return cgroups.pids(runtime.cgroup_root(s, n), contains=f"pod{uid}" if uid else "")
 
 
 def node_pids(s: Settings, n: int) -> list[int]:
-    """Every process of node N: its agent and the agent's descendants, and all in its node and pod netns."""
-    pids: set[int] = set()
-    agent = procs.read(nodes.agent_pid_file(s, n))
-    if agent is not None:
-        pids.add(agent.pid)
-        pids.update(procs.descendants(agent.pid))
+    pids = {t.pid for t in runtime.running(s, n)}
     pids.update(netsetup.netns_pids(s.node_netns(n)))
-    pod_netns = {r["netns"] for r in _pod_records(s, n) if r.get("netns")}
-    # a pod whose record is not written yet still has a netns named after its UID (the agent's naming rule)
-    for pod_dir in (s.node_dir(n) / "state" / "pods").glob("*"):
-        pod_netns.add(s.pod_netns_prefix + pod_dir.name.replace("-", "")[:10])
-    for ns in pod_netns:
-        if netsetup.netns_exists(ns):
-            pids.update(netsetup.netns_pids(ns))
+    pids.update(pod_pids(s, n))
     return sorted(pids)
+
+
+def kill_all(pids: list[int]) -> None:
+    procs.kill_now(pids)
 
 
 def kill_node(s: Settings, node: str) -> None:
@@ -49,7 +45,10 @@ def kill_node(s: Settings, node: str) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"error: processes of {s.node_name(n)} survive SIGKILL: {pids}")
         time.sleep(0.05)
-    print(f"killed {s.node_name(n)}: {len(killed)} processes; the Node object stays (heal with `hack/cluster up`)")
+    print(
+        f"killed {s.node_name(n)}: {len(killed)} processes (kubelet, containerd, shims, containers); "
+        "the Node object stays (heal with `hack/cluster up`)"
+    )
 
 
 def cut_node(s: Settings, node: str, up: bool) -> None:
@@ -58,7 +57,8 @@ def cut_node(s: Settings, node: str, up: bool) -> None:
     print(f"{'healed' if up else 'cut'} {s.node_name(n)} (uplink {s.uplink_veth(n)} {'up' if up else 'down'})")
 
 
-def _find_pod(s: Settings, ref: str) -> tuple[int, dict]:
+def find_pod(s: Settings, ref: str) -> tuple[int, dict]:
+    """(node index, pod object) of NAMESPACE/NAME, with a clear error for anything that is not a running pod."""
     if ref.count("/") != 1 or not all(ref.split("/")):
         raise SystemExit(f"error: pod {ref!r}: write it as NAMESPACE/NAME, e.g. default/my-pod")
     ns, name = ref.split("/")
@@ -70,23 +70,47 @@ def _find_pod(s: Settings, ref: str) -> tuple[int, dict]:
         raise SystemExit(f"error: cannot reach the API server to look up {ref}: {e}") from None
     node = pod.get("spec", {}).get("nodeName")
     if not node:
-        raise SystemExit(f"error: pod {ref} is not scheduled to a node yet; nothing to cut")
-    n = s.node_index(node)
-    uid = pod["metadata"]["uid"]
-    record_path = s.node_dir(n) / "state" / "pods" / uid / "pod.json"
-    try:
-        record = json.loads(record_path.read_text())
-    except (OSError, ValueError):
-        raise SystemExit(
-            f"error: pod {ref} has no network record at {record_path}; it has not started on {node} yet"
-        ) from None
-    if not record.get("host_veth"):
-        raise SystemExit(f"error: {record_path} names no host_veth; cannot cut pod {ref}")
-    return n, record
+        raise SystemExit(f"error: pod {ref} is not scheduled to a node yet")
+    return s.node_index(node), pod
+
+
+def _pod_processes(s: Settings, ref: str) -> tuple[int, list[int]]:
+    n, pod = find_pod(s, ref)
+    pids = pod_pids(s, n, pod["metadata"]["uid"])
+    if not pids:
+        phase = pod["status"].get("phase")
+        raise SystemExit(f"error: pod {ref} has no running process on {s.node_name(n)} (phase {phase})")
+    return n, pids
+
+
+def host_veth(s: Settings, n: int, pid: int) -> str:
+    """The node-side end of the veth whose other end is eth0 in the network namespace of process `pid`."""
+    iflink = subprocess.run(["nsenter", "-t", str(pid), "-n", "cat", "/sys/class/net/eth0/iflink"],
+                            capture_output=True, text=True)  # fmt: skip
+    if iflink.returncode != 0:
+        raise SystemExit(f"error: cannot read eth0 of process {pid}: {iflink.stderr.strip()}")
+    links = json.loads(netsetup.ip("-j", "link", "show", netns=s.node_netns(n)).stdout or "[]")
+    for link in links:
+        if str(link["ifindex"]) == iflink.stdout.strip():
+            return link["ifname"]
+    raise SystemExit(f"error: no link with index {iflink.stdout.strip()} in {s.node_netns(n)}")
 
 
 def cut_pod(s: Settings, ref: str, up: bool) -> None:
-    n, record = _find_pod(s, ref)
-    netsetup.set_link(record["host_veth"], up, netns=s.node_netns(n))
+    n, pids = _pod_processes(s, ref)
+    veth = host_veth(s, n, pids[0])
+    netsetup.set_link(veth, up, netns=s.node_netns(n))
     verb, state = ("healed", "up") if up else ("cut", "down")
-    print(f"{verb} pod {ref} ({record.get('ip', '?')}): {record['host_veth']} in {s.node_netns(n)} {state}")
+    print(f"{verb} pod {ref}: {veth} in {s.node_netns(n)} {state}")
+
+
+def freeze_pod(s: Settings, ref: str, freeze: bool) -> None:
+    """SIGSTOP (or SIGCONT) every process of the pod, its sandbox included."""
+    _, pids = _pod_processes(s, ref)
+    sig = signal.SIGSTOP if freeze else signal.SIGCONT
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    print(f"{'froze' if freeze else 'thawed'} pod {ref}: {len(pids)} processes")

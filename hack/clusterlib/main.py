@@ -1,4 +1,5 @@
-"""hack/cluster: bring a local Kubernetes control plane with netns nodes up and down, and inject faults into it.
+"""hack/cluster: bring a local Kubernetes cluster (control plane + real kubelet/containerd nodes) up and down, and
+inject faults into it.
 
 Run through the `hack/cluster` wrapper, which picks the project's Python environment.
 """
@@ -8,8 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import shutil
-import subprocess
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # makes `clusterlib` importable as a package
 
-from clusterlib import controlplane, faults, netsetup, nodes, pki, procs, settings
+from clusterlib import controlplane, faults, lifecycle, settings
 from clusterlib.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def current(args: argparse.Namespace | None = None) -> Settings:
 
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    subprocess.run([str(REPO / "hack/lib/build-binaries.sh"), "all"], check=True)
+    lifecycle.prepare(REPO)
     with cluster_lock():
         s = settings.load()
         fresh = settings.from_env(REPO, VENV, args.nodes, args.gpus)
@@ -57,43 +57,28 @@ def cmd_up(args: argparse.Namespace) -> int:
                 )
         else:
             s = fresh
-        s.save()
-        netsetup.ensure_host(s)
-        pki.ensure(s)
-        controlplane.ensure(s, t0)
-        nodes.ensure(s, t0)
-        nodes.wait_ready(s, t0)
+        lifecycle.up(s, t0)
     shape = f"{s.nodes} nodes x {s.gpus_per_node} GPUs"
     print(f"[cluster {time.monotonic() - t0:5.1f}s] cluster up: {shape}, state in {s.root}")
     print(env_lines(s))
     return 0
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    s = settings.load()
+    if s is None or not controlplane.running(s):
+        raise SystemExit("error: no cluster is up; `hack/cluster up` builds the images and imports them")
+    with cluster_lock():
+        print(json.dumps(lifecycle.refresh_images(s, t0)))
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     with cluster_lock():
-        s = current(args)
-        agents = nodes.running_agents(s)
-        print(f"[down {time.monotonic() - t0:4.1f}s] stopping {len(agents)} node agents", flush=True)
-        procs.stop(agents, grace_s=10)
-        for component in reversed(controlplane.COMPONENTS):
-            tracked = procs.read(controlplane.pid_file(s, component))
-            if tracked is not None:
-                print(f"[down {time.monotonic() - t0:4.1f}s] stopping {component} (pid {tracked.pid})", flush=True)
-                procs.stop([tracked], grace_s=10)
-        deadline = time.monotonic() + 15
-        while leftovers := {ns: p for ns in netsetup.cluster_netns(s) if (p := netsetup.netns_pids(ns))}:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"error: processes survive SIGKILL in {leftovers}")
-            print(f"[down {time.monotonic() - t0:4.1f}s] killing leftovers in {leftovers}", flush=True)
-            procs.kill_now([p for pids in leftovers.values() for p in pids])
-            time.sleep(0.1)
-        netsetup.teardown(s)
-        shutil.rmtree(s.root, ignore_errors=True)
-        left = netsetup.cluster_netns(s) + netsetup.cluster_links(s)
-        if left or s.root.exists():
-            raise SystemExit(f"error: down left {left or s.root} behind")
-    print(f"[down {time.monotonic() - t0:4.1f}s] cluster down: no process, netns, link or state left")
+        lifecycle.down(current(args), t0)
+    print(f"[down {time.monotonic() - t0:4.1f}s] cluster down: no process, mount, cgroup, netns, link or state left")
     return 0
 
 
@@ -102,26 +87,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if s is None:
         print(f"no cluster in {settings.default_state_dir()}")
         return 2
-    ok = True
-    print(f"cluster in {s.root}: {s.nodes} nodes x {s.gpus_per_node} GPUs, API {s.api_url}")
-    for component in controlplane.COMPONENTS:
-        tracked = procs.read(controlplane.pid_file(s, component))
-        good = controlplane.healthy(s, component)
-        ok &= good
-        pid = tracked.pid if tracked else "-"
-        print(f"  {component:24} pid {pid!s:>8}  {'healthy' if good else 'NOT HEALTHY'}")
-    ready = nodes.node_ready(s)
-    for n in range(1, s.nodes + 1):
-        tracked = procs.read(nodes.agent_pid_file(s, n))
-        problems = netsetup.check_node(s, n)
-        node_ok = tracked is not None and not problems and ready.get(s.node_name(n)) == "True"
-        ok &= node_ok
-        pid = tracked.pid if tracked else "-"
-        net = "; ".join(problems) or f"net ok ({s.node_ip(n)})"
-        print(f"  {s.node_name(n):24} pid {pid!s:>8}  Ready={ready.get(s.node_name(n), 'absent')}  {net}")
-    if not controlplane.running(s):
-        return 2  # nothing runs: a caller that starts it owns it
-    return 0 if ok else 1
+    return lifecycle.status(s)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -152,6 +118,8 @@ def cmd_fault(args: argparse.Namespace) -> int:
             faults.kill_node(s, args.target)
     elif args.command in ("cut-node", "heal-node"):
         faults.cut_node(s, args.target, up=args.command == "heal-node")
+    elif args.command in ("freeze-pod", "thaw-pod"):
+        faults.freeze_pod(s, args.target, freeze=args.command == "freeze-pod")
     else:
         faults.cut_pod(s, args.target, up=args.command == "heal-pod")
     return 0
@@ -169,16 +137,20 @@ def parser() -> argparse.ArgumentParser:
         func=cmd_status
     )
     sub.add_parser("env", help="print the KUBECONFIG and PATH exports").set_defaults(func=cmd_env)
+    images = sub.add_parser("images", help="rebuild changed images, import them into every node, print their refs")
+    images.set_defaults(func=cmd_images)
     logs = sub.add_parser("logs", help="tail the component logs")
     logs.add_argument("name", nargs="?", help="only logs whose name contains this")
     logs.add_argument("-n", "--lines", type=int, default=20)
     logs.set_defaults(func=cmd_logs)
     for name, target, text in (
-        ("kill-node", "NODE", "SIGKILL a node's agent and every process of it and its pods"),
+        ("kill-node", "NODE", "SIGKILL a node's kubelet, containerd, shims and containers"),
         ("cut-node", "NODE", "take a node's uplink down"),
         ("heal-node", "NODE", "bring a node's uplink back"),
         ("cut-pod", "NS/POD", "take a pod's veth down"),
         ("heal-pod", "NS/POD", "bring a pod's veth back"),
+        ("freeze-pod", "NS/POD", "SIGSTOP every process of a pod (a silent failure: no socket reset)"),
+        ("thaw-pod", "NS/POD", "SIGCONT every process of a frozen pod"),
     ):
         fault = sub.add_parser(name, help=text)
         fault.add_argument("target", metavar=target)

@@ -1,87 +1,66 @@
-"""The nodes: each a netns running one node agent (hack/nodeagent, our kubelet) with its own identity and config."""
+"""The nodes: each a network namespace running a real node (hack/clusterlib/runtime.py), with the cluster's images
+imported into its containerd, registered Ready with the API server."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from clusterlib import controlplane, netsetup, pki, procs
+from clusterlib import controlplane, images, netsetup, procs, runtime, transfer
+from clusterlib.logs import Logged
 from clusterlib.settings import Settings
 
-AGENT = Path("hack/nodeagent/main.py")
+
+def _node_images(s: Settings, n: int) -> set[str]:
+    return set(subprocess.run(runtime.ctr(s, n, "images", "ls", "-q"), capture_output=True, text=True).stdout.split())
 
 
-def agent_config_path(s: Settings, n: int) -> Path:
-    return s.node_dir(n) / "agent.json"
+def import_images(s: Settings, built: dict[str, images.Image], t0: float) -> None:
+    """Import into every node's containerd each image it lacks (by exact tag), sending only missing layers, the
+    nodes in parallel; then point the `:dev` aliases at them."""
+    log = Logged(Path(s.cache_dir) / "logs" / "images.log", "images", t0)
+    have = {n: _node_images(s, n) for n in range(1, s.nodes + 1)}
+    missing = {n: [img for img in built.values() if img.ref not in have[n]] for n in have}
+    descs = {img.ref: transfer.export(s, log, img) for imgs in missing.values() for img in imgs}
+
+    def import_into(n: int) -> None:
+        blobs = transfer.node_blobs(s, n) if missing[n] else set()
+        for img in missing[n]:
+            t = time.monotonic()
+            sent = transfer.import_into(s, n, log, img, descs[img.ref], blobs)
+            log.say(f"imported {img.ref} into {s.node_name(n)}: {sent / 2**20:.0f} MiB in {time.monotonic() - t:.1f}s")
+        for img in built.values():
+            if img.dev_ref not in have[n] or img in missing[n]:
+                log.run(runtime.ctr(s, n, "images", "tag", "--force", img.ref, img.dev_ref))
+
+    with ThreadPoolExecutor(max_workers=s.nodes) as pool:
+        list(pool.map(import_into, have))  # list(): re-raises the first failure
+    transfer.prune(s, keep=[img.ref for img in built.values()])
 
 
-def agent_pid_file(s: Settings, n: int) -> Path:
-    return s.node_dir(n) / "agent.pid"
-
-
-def agent_log(s: Settings, n: int) -> Path:
-    return s.root / "logs" / f"{s.node_name(n)}.log"
-
-
-def agent_config(s: Settings, n: int) -> dict:
-    node, d = s.node_name(n), s.node_dir(n)
-    return {
-        "node_name": node,
-        "node_ip": s.node_ip(n),
-        "netns": s.node_netns(n),
-        "pod_cidr": s.pod_cidr(n),
-        "pod_gateway": s.pod_gateway(n),
-        "pod_bridge": s.bridge,
-        "api_server": s.api_url,
-        "kubeconfig": str(pki.node_kubeconfig(s, n)),
-        "ca_file": str(s.pki / "ca.crt"),
-        "serving_cert": str(s.pki / f"{node}-serving.crt"),
-        "serving_key": str(s.pki / f"{node}-serving.key"),
-        "client_ca_file": str(s.pki / "ca.crt"),
-        "kubelet_port": 10250,
-        "state_dir": str(d / "state"),
-        "venv": s.venv,
-        "repo": s.repo,
-        "cpu": s.node_cpu,
-        "memory": s.node_memory,
-        "gpus": s.gpus_per_node,
-        "max_pods": 250,  # a /24 pod range holds 253 addresses
-        "cluster_domain": "cluster.local",
-        "service_account_issuer": "https://kubernetes.default.svc.cluster.local",
-        "pod_netns_prefix": s.pod_netns_prefix,
-        # optional fields the agent reads: where pods reach the API (no kube-proxy, so not the service IP)
-        "kubernetes_service_host": s.host_ip,
-        "kubernetes_service_port": 6443,
-        "pvc_root": str(s.root / "pvcs"),  # shared by all nodes, like a network file system
-    }
-
-
-def ensure(s: Settings, t0: float) -> None:
-    """Build each node's network and start its agent unless that agent already runs."""
-    agent = Path(s.repo) / AGENT
-    if not agent.exists():
-        raise SystemExit(f"error: the node agent {agent} does not exist yet; the control plane is up without nodes")
+def ensure(s: Settings, t0: float, built: dict[str, images.Image]) -> None:
+    """Build each node's network, start its containerd, import the images, then start the rest of the node."""
     env = controlplane.child_env(s)
+    env["PATH"] = f"{env['PATH']}:/usr/sbin:/sbin"  # runc, iptables, conntrack
+
+    def say(msg: str) -> None:
+        print(f"[cluster {time.monotonic() - t0:5.1f}s] {msg}", flush=True)
+
     for n in range(1, s.nodes + 1):
         netsetup.ensure_node(s, n)
         problems = netsetup.check_node(s, n)
         if problems:
             raise SystemExit(f"error: network of {s.node_name(n)} is broken: {'; '.join(problems)}")
-        if procs.read(agent_pid_file(s, n)) is not None:
-            continue
-        cfg = agent_config(s, n)
-        Path(cfg["state_dir"]).mkdir(parents=True, exist_ok=True)
-        agent_config_path(s, n).write_text(json.dumps(cfg, indent=2) + "\n")
-        # nsenter switches only the network namespace. `ip netns exec` would also give the agent a private mount
-        # namespace, hiding the pod netns it creates (`ip netns add` mounts) from the host's `ip netns`/down/faults.
-        netns_path = netsetup.NETNS_DIR / s.node_netns(n)
-        argv = ["nsenter", f"--net={netns_path}", "--", f"{s.venv}/bin/python", str(agent)]
-        argv += ["--config", str(agent_config_path(s, n))]
-        procs.start(f"agent {s.node_name(n)}", argv, agent_log(s, n), agent_pid_file(s, n), env)
-        print(f"[cluster {time.monotonic() - t0:5.1f}s] started node agent {s.node_name(n)}", flush=True)
+        runtime.write_configs(s, n, built["pause"].dev_ref)
+        runtime.start_missing(s, n, env, say, ("containerd",))
+    import_images(s, built, t0)
+    for n in range(1, s.nodes + 1):
+        runtime.start_missing(s, n, env, say, runtime.COMPONENTS)
 
 
 def api_get(s: Settings, path: str) -> dict:
@@ -102,6 +81,14 @@ def node_ready(s: Settings) -> dict[str, str]:
     return ready
 
 
+def gpus_advertised(s: Settings) -> dict[str, str]:
+    try:
+        items = api_get(s, "/api/v1/nodes")["items"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError):
+        return {}
+    return {x["metadata"]["name"]: x.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "0") for x in items}
+
+
 def default_service_account_exists(s: Settings) -> bool:
     """Pods can only be created once the serviceaccount controller has made `default` in their namespace."""
     try:
@@ -111,28 +98,31 @@ def default_service_account_exists(s: Settings) -> bool:
         return False
 
 
-def wait_ready(s: Settings, t0: float, timeout_s: float = 120) -> None:
-    """Wait until every node is Ready and the `default` namespace can take pods."""
+def wait_ready(s: Settings, t0: float, timeout_s: float = 180) -> None:
+    """Wait until every node is Ready with its GPUs advertised and the `default` namespace can take pods."""
     want = [s.node_name(n) for n in range(1, s.nodes + 1)]
     deadline, last_note = time.monotonic() + timeout_s, 0.0
     while True:
-        ready = node_ready(s)
-        missing = [x for x in want if ready.get(x) != "True"]
+        ready, gpus = node_ready(s), gpus_advertised(s)
+        missing = [x for x in want if ready.get(x) != "True" or gpus.get(x, "0") != str(s.gpus_per_node)]
         if not missing and default_service_account_exists(s):
             print(f"[cluster {time.monotonic() - t0:5.1f}s] all {len(want)} nodes Ready", flush=True)
             return
         for n in range(1, s.nodes + 1):
-            if procs.read(agent_pid_file(s, n)) is None:
-                tail = procs.log_tail(agent_log(s, n))
-                raise SystemExit(f"error: node agent {s.node_name(n)} exited; last log lines:\n{tail}")
+            for component in runtime.COMPONENTS:
+                if component == "gpu-plugin" and s.gpus_per_node == 0:
+                    continue
+                if procs.read(runtime.pid_file(s, n, component)) is None:
+                    tail = procs.log_tail(runtime.log_file(s, n, component))
+                    raise SystemExit(f"error: {component} of {s.node_name(n)} exited; last log lines:\n{tail}")
         if time.monotonic() > deadline:
             raise SystemExit(f"error: nodes not Ready after {timeout_s:.0f}s: {missing}; see {s.root / 'logs'}")
         if time.monotonic() - last_note > 5:
             last_note = time.monotonic()
-            state = ", ".join(f"{x}={ready.get(x, 'absent')}" for x in want)
+            state = ", ".join(f"{x}={ready.get(x, 'absent')} gpus={gpus.get(x, '-')}" for x in want)
             print(f"[cluster {time.monotonic() - t0:5.1f}s] waiting for nodes: {state}", flush=True)
         time.sleep(0.3)
 
 
-def running_agents(s: Settings) -> list[procs.Tracked]:
-    return [t for n in range(1, s.nodes + 1) if (t := procs.read(agent_pid_file(s, n))) is not None]
+def running_components(s: Settings) -> list[procs.Tracked]:
+    return [t for n in range(1, s.nodes + 1) for t in runtime.running(s, n)]

@@ -89,6 +89,8 @@ def control_plane_leaves(s: Settings) -> list[Leaf]:
         Leaf("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", client=True),
         Leaf("controller-manager-serving", "/CN=kube-controller-manager", server=True, sans=("IP:127.0.0.1",)),
         Leaf("scheduler-serving", "/CN=kube-scheduler", server=True, sans=("IP:127.0.0.1",)),
+        Leaf("kube-proxy", "/CN=system:kube-proxy", client=True),  # bound to system:node-proxier by default
+        Leaf("coredns", "/CN=ftjob:coredns", client=True),
     ]
 
 

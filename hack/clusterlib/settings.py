@@ -17,6 +17,11 @@ from pathlib import Path
 SETTINGS_FILE = "cluster.json"
 
 
+def default_cache_dir() -> Path:
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("FTJOB_CACHE") or xdg / "ftjob")
+
+
 def default_state_dir() -> Path:
     return Path(os.environ.get("FTJOB_CLUSTER_DIR") or Path.home() / ".local/state/ftjob/cluster")
 
@@ -27,6 +32,7 @@ class Settings:
     venv: str
     state_dir: str
     bin_dir: str
+    cache_dir: str  # the ftjob cache (binaries, images): FTJOB_CACHE or ~/.cache/ftjob
     bridge: str = "ftjbr0"
     subnet_prefix: str = "10.213"  # host bridge <prefix>.0.1/24, node N <prefix>.0.(10+N), its pods <prefix>.N.0/24
     service_cidr: str = "10.214.0.0/24"
@@ -34,8 +40,7 @@ class Settings:
     port_offset: int = 0  # shifts the loopback ports (etcd, controller-manager, scheduler)
     nodes: int = 2
     gpus_per_node: int = 8
-    node_cpu: str = "16"
-    node_memory: str = "64Gi"
+    images: str = "pause,base,operator,trainer"  # which images the nodes get (FTJOB_CLUSTER_IMAGES); pause+base always
 
     # --- derived addresses ---------------------------------------------------------------------------------------
     @property
@@ -49,6 +54,15 @@ class Settings:
     @property
     def service_ip(self) -> str:
         return str(next(ipaddress.ip_network(self.service_cidr).hosts()))
+
+    @property
+    def dns_service_ip(self) -> str:
+        """kube-dns's ClusterIP, the 10th address of the Service range (kubeadm's convention)."""
+        return str(ipaddress.ip_network(self.service_cidr)[10])
+
+    @property
+    def coredns_ready_port(self) -> int:
+        return 8181 + self.port_offset
 
     @property
     def etcd_client_port(self) -> int:
@@ -149,6 +163,11 @@ def validate(s: Settings) -> None:
         raise SystemExit(f"error: FTJOB_SERVICE_CIDR {s.service_cidr} overlaps the pod range {s.subnet_prefix}.0.0/16")
     if len(s.bridge) > 15 or len(s.uplink_veth(s.nodes)) > 15:
         raise SystemExit("error: FTJOB_BRIDGE / FTJOB_NETNS_PREFIX too long: interface names must fit 15 characters")
+    unknown = set(s.images.split(",")) - {"pause", "base", "operator", "trainer"}
+    if unknown:
+        raise SystemExit(
+            f"error: FTJOB_CLUSTER_IMAGES={s.images!r}: unknown {sorted(unknown)}; use pause,base,operator,trainer"
+        )
     if not s.netns_prefix.isalnum():
         raise SystemExit(f"error: FTJOB_NETNS_PREFIX={s.netns_prefix!r}: use letters and digits only, e.g. ftj")
 
@@ -162,6 +181,7 @@ def from_env(repo: Path, venv: Path, nodes: int | None = None, gpus: int | None 
         venv=str(venv),
         state_dir=str(default_state_dir()),
         bin_dir=bin_dir,
+        cache_dir=str(default_cache_dir()),
         bridge=os.environ.get("FTJOB_BRIDGE") or Settings.bridge,
         subnet_prefix=os.environ.get("FTJOB_SUBNET_PREFIX") or Settings.subnet_prefix,
         service_cidr=os.environ.get("FTJOB_SERVICE_CIDR") or Settings.service_cidr,
@@ -169,6 +189,7 @@ def from_env(repo: Path, venv: Path, nodes: int | None = None, gpus: int | None 
         port_offset=_env_int("FTJOB_PORT_OFFSET", 0),
         nodes=nodes if nodes is not None else _env_int("FTJOB_NODES", Settings.nodes),
         gpus_per_node=gpus if gpus is not None else _env_int("FTJOB_GPUS_PER_NODE", Settings.gpus_per_node),
+        images=os.environ.get("FTJOB_CLUSTER_IMAGES") or Settings.images,
     )
     validate(s)
     return s

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds (once per machine, cached by version) the control-plane binaries hack/cluster runs:
-# kube-apiserver, kube-controller-manager, kube-scheduler and etcd from the Go module proxy, helm with `go install`.
+# Builds (once per machine, cached by version) the binaries hack/cluster runs: kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy and etcd from the Go module proxy; CoreDNS and helm
+# with `go install`; the nodes' pause and fake-GPU device plugin from hack/nodetools (cached by source hash).
 # k8s.io/kubernetes replaces its staging modules with ./staging/..., which `go install pkg@version` refuses, so we
 # build inside a throw-away wrapper module that pins each staging module to its published v0.X.Y twin.
 set -euo pipefail
@@ -8,6 +9,8 @@ set -euo pipefail
 K8S_VERSION=${FTJOB_K8S_VERSION:-v1.36.3}
 ETCD_VERSION=${FTJOB_ETCD_VERSION:-v3.6.16}
 HELM_VERSION=${FTJOB_HELM_VERSION:-v3.22.0}
+COREDNS_VERSION=${FTJOB_COREDNS_VERSION:-v1.14.7}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CACHE=${FTJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ftjob}
 BIN=$CACHE/bin/k8s-$K8S_VERSION
 # The Go toolchain's chatter (hundreds of `go: downloading ...` lines) goes here, not to the console.
@@ -46,7 +49,7 @@ mod_file() {
 }
 
 build_kubernetes() {
-  local want=(kube-apiserver kube-controller-manager kube-scheduler) missing=0
+  local want=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy) missing=0
   for b in "${want[@]}"; do [ -x "$BIN/$b" ] || missing=1; done
   [ $missing = 1 ] || return 0
   log "building Kubernetes $K8S_VERSION (first time on this machine: expect many minutes on 2 cores)"
@@ -75,6 +78,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
   log "resolving modules (go: downloading ... goes to $BUILD_LOG)"
@@ -126,12 +131,35 @@ build_helm() {
   log "built helm"
 }
 
+build_coredns() {
+  [ -x "$BIN/coredns" ] && return 0
+  log "building CoreDNS $COREDNS_VERSION"
+  GOBIN=$BIN.coredns-tmp with_progress coredns go install -trimpath -ldflags "-s -w" \
+    "github.com/coredns/coredns@$COREDNS_VERSION"
+  mv "$BIN.coredns-tmp/coredns" "$BIN/coredns" && rmdir "$BIN.coredns-tmp"
+  log "built coredns"
+}
+
+# Our own node tools (hack/nodetools): rebuilt whenever their sources change.
+build_nodetools() {
+  local src=$ROOT/hack/nodetools hash
+  hash=$(cd "$src" && find . -type f \( -name '*.go' -o -name 'go.mod' -o -name 'go.sum' \) -print0 | sort -z |
+    xargs -0 sha256sum | sha256sum | cut -c1-16)
+  [ "$(cat "$BIN/nodetools.hash" 2>/dev/null)" = "$hash" ] && [ -x "$BIN/pause" ] && [ -x "$BIN/fake-gpu-plugin" ] &&
+    return 0
+  log "building the node tools (pause, fake-gpu-plugin) from hack/nodetools"
+  (cd "$src" && with_progress nodetools go build -trimpath -ldflags "-s -w" -o "$BIN/" ./cmd/pause ./cmd/fake-gpu-plugin)
+  echo "$hash" >"$BIN/nodetools.hash"
+}
+
 case "${1:-all}" in
-  all) build_etcd; build_kubernetes; build_helm ;;
+  all) build_etcd; build_kubernetes; build_coredns; build_nodetools; build_helm ;;
   kubernetes) build_kubernetes ;;
   etcd) build_etcd ;;
   helm) build_helm ;;
+  coredns) build_coredns ;;
+  nodetools) build_nodetools ;;
   dir) echo "$BIN" ;;
-  *) echo "usage: $0 [all|kubernetes|etcd|helm|dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|kubernetes|etcd|helm|coredns|nodetools|dir]" >&2; exit 2 ;;
 esac
 log "binaries ready in $BIN"

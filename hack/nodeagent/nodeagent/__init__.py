@@ -1,1 +1,0 @@
-"""A process "kubelet": runs the pods the kube-scheduler binds to one node as plain processes in network namespaces."""
