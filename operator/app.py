@@ -66,6 +66,8 @@ async def run(settings: Settings) -> int:
                 clusterwide=settings.all_namespaces,
                 namespaces=list(settings.namespaces),
                 standalone=True,  # kopf peering freezes equal-priority peers; the Lease decides instead
+                # our own name: kopf's default asks the passwd database, which has no entry for the image's uid
+                identity=settings.identity,  # type: ignore[arg-type]  # kopf.Identity is a NewType of str
                 memo=kopf.Memo(jobs=jobs, node_ready_seen={}),
                 stop_flag=stop,
             )

@@ -14,6 +14,10 @@ from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "hack" / "cluster"
+# The images hack/cluster builds and imports into every node; `:dev` always names the checkout's current build.
+TRAINER_IMAGE = "ftjob.local/ftjob-trainer:dev"
+OPERATOR_IMAGE = "ftjob.local/ftjob-operator:dev"
+BASE_IMAGE = "ftjob.local/debian-python:bookworm"  # Debian + python3 (as `python`), runs as root
 
 T = TypeVar("T")
 
@@ -74,6 +78,17 @@ def node_names() -> list[str]:
 
     settings = json.loads((state_dir() / "cluster.json").read_text())
     return [f"{settings['netns_prefix']}-node-{n}" for n in range(1, settings["nodes"] + 1)]
+
+
+def container_pids(pod: client.V1Pod) -> list[int]:
+    """The processes of a running pod's containers (not its sandbox), found by the cgroups its node's kubelet made
+    (cgroupfs driver: <node>/kubepods/<qos>/pod<uid>/<container id>)."""
+    ids = {s.container_id.rpartition("//")[2] for s in pod.status.container_statuses or [] if s.container_id}
+    pids: list[int] = []
+    for procs in Path("/sys/fs/cgroup/pids", pod.spec.node_name).glob(f"**/pod{pod.metadata.uid}/*/cgroup.procs"):
+        if procs.parent.name in ids:
+            pids += [int(p) for p in procs.read_text().split()]
+    return pids
 
 
 def cluster(*args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:

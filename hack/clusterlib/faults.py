@@ -85,15 +85,17 @@ def _pod_processes(s: Settings, ref: str) -> tuple[int, list[int]]:
 
 def host_veth(s: Settings, n: int, pid: int) -> str:
     """The node-side end of the veth whose other end is eth0 in the network namespace of process `pid`."""
-    iflink = subprocess.run(["nsenter", "-t", str(pid), "-n", "cat", "/sys/class/net/eth0/iflink"],
-                            capture_output=True, text=True)  # fmt: skip
-    if iflink.returncode != 0:
-        raise SystemExit(f"error: cannot read eth0 of process {pid}: {iflink.stderr.strip()}")
+    # `ip` inside the pod's netns (sysfs would still show the host's devices)
+    proc = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-j", "link", "show", "dev", "eth0"],
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"error: cannot read eth0 of process {pid}: {proc.stderr.strip()}")
+    peer = json.loads(proc.stdout)[0].get("link_index")
     links = json.loads(netsetup.ip("-j", "link", "show", netns=s.node_netns(n)).stdout or "[]")
     for link in links:
-        if str(link["ifindex"]) == iflink.stdout.strip():
+        if link["ifindex"] == peer:
             return link["ifname"]
-    raise SystemExit(f"error: no link with index {iflink.stdout.strip()} in {s.node_netns(n)}")
+    raise SystemExit(f"error: no link with index {peer} in {s.node_netns(n)}")
 
 
 def cut_pod(s: Settings, ref: str, up: bool) -> None:

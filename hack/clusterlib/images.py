@@ -164,6 +164,21 @@ class Builder:
     def _tag(self, image: Image) -> None:
         self.log.run(buildah(self.s, "tag", image.ref, image.dev_ref))
 
+    def diff_ids(self, image_id: str) -> set[str]:
+        out = self.log.run(buildah(self.s, "inspect", "--type", "image", image_id))
+        return set(json.loads(out)["OCIv1"]["rootfs"]["diff_ids"])
+
+    def collect_garbage(self, current: list[Image]) -> None:
+        """Delete images that are no longer current, and build-cache images holding a layer no current image has
+        (old torch layers are GBs); the cache of the current images' steps stays."""
+        keep = set().union(*(self.diff_ids(img.ref) for img in current))
+        names = {img.ref for img in current} | {img.dev_ref for img in current}
+        listing = json.loads(self.log.run(buildah(self.s, "images", "--all", "--json")) or "[]")
+        stale = [e["id"] for e in listing if e.get("names") and not set(e["names"]) & names]
+        stale += [e["id"] for e in listing if not e.get("names") and not self.diff_ids(e["id"]) <= keep]
+        if stale:
+            self.log.run(buildah(self.s, "rmi", "--force", *stale))
+
     def sizes(self) -> dict[str, str]:
         """Each local image's size as buildah reports it (e.g. "6.14 GB"), by reference."""
         listing = json.loads(self.log.run(buildah(self.s, "images", "--json")) or "[]")
@@ -174,12 +189,15 @@ def build_all(s: Settings, t0: float) -> dict[str, Image]:
     """Build (or find cached) every image; record them; return them by name."""
     b = Builder(s, t0)
     started = time.monotonic()
+    before = {r for r in b.sizes()}
     pause = b.pause()
     base = b.base()
     built = {"pause": pause, "base": base}
     for name in ("operator", "trainer"):
         if name in s.images.split(","):
             built[name] = b.dockerfile(name, base)
+    if not {img.ref for img in built.values()} <= before:  # something was built: drop what it replaced
+        b.collect_garbage(list(built.values()))
     sizes = b.sizes()
     record = {name: {**img.as_dict(), "size": sizes.get(img.ref, "?")} for name, img in built.items()}
     (cache_dir(s) / "images.json").write_text(json.dumps(record, indent=2) + "\n")

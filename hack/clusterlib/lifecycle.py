@@ -24,6 +24,7 @@ def record_images(s: Settings, built: dict[str, images.Image]) -> None:
 
 
 def up(s: Settings, t0: float) -> None:
+    mounts.refuse_clashing_cluster(s)
     s.save()
     built = images.build_all(s, t0)
     record_images(s, built)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import json
 import sys
@@ -57,7 +58,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 )
         else:
             s = fresh
-        lifecycle.up(s, t0)
+        lifecycle.up(dataclasses.replace(s, repo=str(REPO), venv=str(VENV)), t0)  # images from the caller's checkout
     shape = f"{s.nodes} nodes x {s.gpus_per_node} GPUs"
     print(f"[cluster {time.monotonic() - t0:5.1f}s] cluster up: {shape}, state in {s.root}")
     print(env_lines(s))
@@ -70,7 +71,7 @@ def cmd_images(args: argparse.Namespace) -> int:
     if s is None or not controlplane.running(s):
         raise SystemExit("error: no cluster is up; `hack/cluster up` builds the images and imports them")
     with cluster_lock():
-        print(json.dumps(lifecycle.refresh_images(s, t0)))
+        print(json.dumps(lifecycle.refresh_images(dataclasses.replace(s, repo=str(REPO), venv=str(VENV)), t0)))
     return 0
 
 

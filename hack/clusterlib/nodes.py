@@ -17,7 +17,10 @@ from clusterlib.settings import Settings
 
 
 def _node_images(s: Settings, n: int) -> set[str]:
-    return set(subprocess.run(runtime.ctr(s, n, "images", "ls", "-q"), capture_output=True, text=True).stdout.split())
+    proc = subprocess.run(runtime.ctr(s, n, "images", "ls", "-q"), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: cannot list the images of {s.node_name(n)}: {proc.stderr.strip()}")
+    return set(proc.stdout.split())
 
 
 def import_images(s: Settings, built: dict[str, images.Image], t0: float) -> None:
@@ -41,6 +44,11 @@ def import_images(s: Settings, built: dict[str, images.Image], t0: float) -> Non
     with ThreadPoolExecutor(max_workers=s.nodes) as pool:
         list(pool.map(import_into, have))  # list(): re-raises the first failure
     transfer.prune(s, keep=[img.ref for img in built.values()])
+    current = {img.ref for img in built.values()} | {img.dev_ref for img in built.values()}
+    for n, refs in have.items():  # images of earlier builds: running containers keep their snapshots
+        stale = [r for r in refs if r.startswith(f"{images.REGISTRY}/") and r not in current]
+        if stale:
+            log.run(runtime.ctr(s, n, "images", "rm", "--sync", *stale))
 
 
 def ensure(s: Settings, t0: float, built: dict[str, images.Image]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -234,9 +235,20 @@ def start_missing(s: Settings, n: int, env: dict[str, str], say, components: tup
             wait_socket(s, n)
 
 
+def _answers(path: Path) -> bool:
+    """True if something accepts connections on the unix socket (a killed containerd leaves its file behind)."""
+    try:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(1)
+            conn.connect(str(path))
+        return True
+    except OSError:
+        return False
+
+
 def wait_socket(s: Settings, n: int, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
-    while not sock(s, n).exists():
+    while not _answers(sock(s, n)):
         if procs.read(pid_file(s, n, "containerd")) is None:
             tail = procs.log_tail(log_file(s, n, "containerd"))
             raise SystemExit(f"error: containerd of {s.node_name(n)} exited; last log lines:\n{tail}")

@@ -46,6 +46,9 @@ class Shell:
         for line in out.splitlines():
             key, _, value = line.removeprefix("export ").partition("=")
             self.env[key] = value.replace("$PATH", self.env.get("PATH", ""))
+        # the images hack/cluster built from this checkout and imported into every node (name -> reference)
+        recorded = json.loads((Path(self.env["KUBECONFIG"]).parent / "images.json").read_text())
+        self.images: dict[str, str] = {name: img["dev"] for name, img in recorded.items()}
 
     def run(self, *args: str, check: bool = True, echo: bool = True, stdin: str | None = None) -> str:
         if echo:
@@ -92,6 +95,10 @@ def install_operator(sh: Shell, ns: str, release: str) -> None:
         ns,
         "--set",
         f"watchNamespaces={{{ns}}}",
+        "--set",
+        f"image.repository={sh.images['operator'].rsplit(':', 1)[0]}",
+        "--set",
+        f"image.tag={sh.images['operator'].rsplit(':', 1)[1]}",
         "--wait",
         "--timeout",
         "180s",
@@ -213,6 +220,21 @@ def is_true(obj: dict[str, Any] | None, cond: str) -> bool:
     )
 
 
+def show_pods(sh: Shell, ns: str, job: str) -> None:
+    """The pods are real containers: their logs, and a look inside the operator's (non-root, read-only root)."""
+    sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_WORKER},{contract.LABEL_GROUP}=0"
+    worker = (sh.kubectl_json("get", "pods", "-n", ns, "-l", sel) or {}).get("items", [])
+    if worker:
+        say("the last lines a trainer container wrote (kubectl logs):")
+        print(sh.run("kubectl", "logs", "-n", ns, worker[-1]["metadata"]["name"], "--tail=3", check=False), end="")
+    op = (sh.kubectl_json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/name=ftjob-operator") or {}).get("items")
+    if op:
+        say("inside the operator's container (kubectl exec): its user, and a write to its root filesystem")
+        out = sh.run("kubectl", "exec", "-n", ns, op[0]["metadata"]["name"], "--", "sh", "-c", "id; touch /probe 2>&1",
+                     check=False)  # fmt: skip
+        print(out, end="")
+
+
 def run_job(
     sh: Shell, ns: str, job_file: Path, kill_group: int, kill_fraction: float, timeout_s: float, out: Path
 ) -> int:
@@ -224,7 +246,10 @@ def run_job(
         f"applying the sample job {name} from {display(job_file)} ({steps} steps; group {kill_group} "
         f"will be killed once step {kill_at} is committed)"
     )
-    sh.run("kubectl", "apply", "-n", ns, "-f", str(job_file))
+    for c in job["spec"]["template"]["spec"]["containers"]:  # the trainer image built from this checkout
+        c["image"] = sh.images["trainer"]
+    say(f"(its containers run {sh.images['trainer']}, built from this checkout and imported into every node)")
+    sh.run("kubectl", "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(job))
     w = Watcher(sh, ns, name)
     killed_at: float | None = None
     killed_step = 0
@@ -271,6 +296,7 @@ def run_job(
         return 1
     if killed_at is None:
         say("warning: the job finished before the kill point; nothing was killed")
+    show_pods(sh, ns, name)
     say(f"job {name} Succeeded; whole demo took {time.monotonic() - T0:.0f}s")
     return 0
 

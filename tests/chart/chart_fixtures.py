@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from helm_tools import CHART, ok, release_name, run, service_account, set_args
+from helpers import OPERATOR_IMAGE
 from kubernetes import client
 
 
@@ -41,6 +42,8 @@ def helm_release(
     """`helm install` the chart into `namespace`; `helm uninstall` afterwards even if the test failed."""
     rel = Release(release_name(), namespace, "")
     rel.service_account = service_account(rel.name)
+    repository, tag = OPERATOR_IMAGE.rsplit(":", 1)  # the image hack/cluster built from this checkout
+    values = {"image.repository": repository, "image.tag": tag, **(values or {})}
     args = ["helm", "install", rel.name, str(CHART), "-n", namespace, *set_args(values)]
     if wait:
         args += ["--wait", "--timeout", f"{timeout_s}s"]

@@ -10,7 +10,7 @@ import pytest
 from chart_fixtures import helm_release
 from ftjob.trainer import contract
 from helm_tools import ok
-from helpers import wait_for
+from helpers import TRAINER_IMAGE, wait_for
 from kubernetes import client
 
 pytestmark = pytest.mark.cluster
@@ -44,7 +44,7 @@ def tiny_job(name: str) -> dict:
     """A job whose workers only sleep: this test is about the operator acting under its ServiceAccount."""
     worker = {
         "name": "worker",
-        "image": "ftjob-trainer:dev",
+        "image": TRAINER_IMAGE,
         "command": ["python", "-c", "import time; time.sleep(600)"],
     }
     return {

@@ -1,11 +1,11 @@
-"""Small pod manifests the cluster tests run (commands run by the node agent with the venv's python)."""
+"""Small pod manifests the cluster tests run (Debian + python3, the base of the project's images)."""
 
 from __future__ import annotations
 
-from helpers import wait_for
+from helpers import BASE_IMAGE, wait_for
 from kubernetes import client
 
-IMAGE = "python:3.11"  # never pulled: the node agent runs `command` directly
+IMAGE = BASE_IMAGE
 
 
 def python_pod(name: str, script: str, node: str | None = None, restart: str = "Never", **spec: object) -> client.V1Pod:

@@ -1,4 +1,4 @@
-"""`hack/cluster down` leaves nothing behind: no process, netns, link, state or port.
+"""`hack/cluster down` leaves nothing behind: no process, mount, cgroup, netns, link, state or port.
 
 Runs a second, throw-away one-node cluster beside the shared one (own state dir, bridge, subnet, netns prefix and
 loopback ports), so the shared cluster other tests use is never touched.
@@ -12,12 +12,12 @@ import socket
 from pathlib import Path
 
 import pytest
-from helpers import cluster, kubectl, wait_for
+from helpers import BASE_IMAGE, cluster, kubectl, wait_for
 
 pytestmark = pytest.mark.cluster
 
 PREFIX = "ftx"
-PORT_OFFSET = 1000  # etcd 3379/3380, controller-manager 11257, scheduler 11259
+PORT_OFFSET = 1000  # etcd 3379/3380, controller-manager 11257, scheduler 11259, CoreDNS ready 9181
 
 
 def _env(state: Path) -> dict[str, str]:
@@ -31,6 +31,7 @@ def _env(state: Path) -> dict[str, str]:
         FTJOB_PORT_OFFSET=str(PORT_OFFSET),
         FTJOB_NODES="1",
         FTJOB_GPUS_PER_NODE="2",
+        FTJOB_CLUSTER_IMAGES="pause,base",  # the trainer's GBs of torch are not needed to test down
     )
     return env
 
@@ -63,28 +64,54 @@ def _port_open(port: int) -> bool:
         return False
 
 
+def _cgroups() -> list[str]:
+    """This cluster's cgroup folders, in any hierarchy."""
+    root = Path("/sys/fs/cgroup")
+    return sorted(str(p) for h in root.iterdir() if h.is_dir() for p in h.glob(f"{PREFIX}-*"))
+
+
+def _mounts(state: Path) -> list[str]:
+    with open("/proc/self/mounts") as f:
+        return [line.split()[1] for line in f if str(state) in line.split()[1]]
+
+
+def _tracked_pids(state: Path) -> list[int]:
+    """Every process of the throw-away cluster: its PID files, its netns and its nodes' cgroup trees."""
+    pid_files = list((state / "run").glob("*.pid")) + list((state / "nodes").glob("*/*.pid"))
+    pids = [json.loads(p.read_text())["pid"] for p in pid_files]
+    pids += [int(p) for ns in _netns() for p in os.popen(f"ip netns pids {ns}").read().split()]
+    for procs in Path("/sys/fs/cgroup/pids").glob(f"{PREFIX}-*/**/cgroup.procs"):
+        pids += [int(p) for p in procs.read_text().split()]
+    return sorted(set(pids))
+
+
 @pytest.mark.slow
-def test_down_leaves_no_process_netns_link_or_state(tmp_path: Path) -> None:
+def test_down_leaves_no_process_mount_cgroup_netns_link_or_state(tmp_path: Path) -> None:
     state = tmp_path / "cluster"
     env = _env(state)
     try:
         cluster("up", env=env)
         kubeconfig = state / "kubeconfig"
-        # a running pod, so down must also clean a pod netns and the pod's processes
-        kubectl(kubeconfig, "run", "sleeper", "--image=python:3.11", "--restart=Never", "--command", "--",
+        # a running pod, so down must also stop a container, its shim, its cgroup, its netns and its mounts
+        kubectl(kubeconfig, "run", "sleeper", f"--image={BASE_IMAGE}", "--restart=Never", "--command", "--",
                 "python", "-c", "import time; time.sleep(3600)")  # fmt: skip
         wait_for(
             lambda: kubectl(kubeconfig, "get", "pod", "sleeper", "-o", "jsonpath={.status.phase}").stdout == "Running",
             60,
             "the pod on the throw-away cluster to run",
         )
-        pid_files = list((state / "run").glob("*.pid")) + list((state / "nodes").glob("*/agent.pid"))
-        assert len(pid_files) == 5, f"expected 4 control-plane processes and 1 agent, found {pid_files}"
-        assert f"{PREFIX}-node-1" in _netns() and any(n.startswith(f"{PREFIX}-p") for n in _netns())
-        assert f"{PREFIX}br0" in _links()
-        pids = [json.loads(p.read_text())["pid"] for p in pid_files]
-        pids += [int(p) for ns in _netns() for p in os.popen(f"ip netns pids {ns}").read().split()]
-        assert len(pids) > 5, "the agent and the pod must run inside the cluster's netns"
+        pid_files = sorted(p.name for p in (state / "run").glob("*.pid")) + sorted(
+            p.name for p in (state / "nodes").glob("*/*.pid")
+        )
+        assert pid_files == [
+            "coredns.pid", "etcd.pid", "kube-apiserver.pid", "kube-controller-manager.pid", "kube-scheduler.pid",
+            "containerd.pid", "gpu-plugin.pid", "kube-proxy.pid", "kubelet.pid",
+        ], pid_files  # fmt: skip
+        assert f"{PREFIX}-node-1" in _netns() and f"{PREFIX}br0" in _links()
+        assert _cgroups(), "the node's kubelet must put its pods under the node's cgroup root"
+        assert _mounts(state), "the node's mount namespace is pinned below the state dir"
+        pids = _tracked_pids(state)
+        assert len(pids) > 12, f"expected control plane, node components, a shim and the pod's processes: {pids}"
         started = {pid: _start_ticks(pid) for pid in pids}
     finally:
         cluster("down", env=env)
@@ -93,6 +120,10 @@ def test_down_leaves_no_process_netns_link_or_state(tmp_path: Path) -> None:
     assert not survivors, f"processes of the cluster survive down: {survivors}"
     assert _netns() == [], f"down left netns {_netns()}"
     assert _links() == [], f"down left links {_links()}"
+    assert _cgroups() == [], f"down left cgroups {_cgroups()}"
+    assert _mounts(state) == [], f"down left mounts {_mounts(state)}"
     assert not state.exists(), "down left the state dir"
     assert not _port_open(2379 + PORT_OFFSET), "etcd's port still answers"
-    assert not list(Path("/etc/netns").glob(f"{PREFIX}-*")), "down left /etc/netns entries"
+    registry = Path("/run/ftjob-cluster-hostpaths.json")
+    users = json.loads(registry.read_text())["users"] if registry.exists() else []
+    assert str(state) not in users, "down must release the kubelet host paths it shared"

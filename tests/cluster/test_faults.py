@@ -1,4 +1,4 @@
-"""Fault injection through hack/cluster against the real node-lifecycle controller and the real netns network."""
+"""Fault injection through hack/cluster on real nodes: node loss, cut links, frozen pods."""
 
 from __future__ import annotations
 
@@ -135,3 +135,22 @@ def test_cut_node_is_unreachable_and_not_ready_until_healed(
     wait_for(lambda: node_ready(kube, node_2) != "True", EVICTION_BOUND_S, "the cut node to stop being Ready")
     cluster("heal-node", node_2)
     wait_for(lambda: node_ready(kube, node_2) == "True", 60, "the healed node to be Ready again")
+
+
+def test_frozen_pod_goes_silent_without_resetting_connections_until_thawed(
+    kube: Kube, namespace: str, two_nodes: tuple[str, str]
+) -> None:
+    node_1, _ = two_nodes
+    ip = start_echo_server(kube, namespace, node_1)
+    cluster("freeze-pod", f"{namespace}/echo")
+    try:
+        # the kernel still completes the TCP handshake (no reset, no refusal), but nobody answers
+        with socket.create_connection((ip, 8080), timeout=2) as conn:
+            conn.settimeout(1)
+            with pytest.raises(TimeoutError):
+                conn.recv(16)
+        pod = kube.core.read_namespaced_pod("echo", namespace)
+        assert pod.status.phase == "Running" and pod.status.container_statuses[0].restart_count == 0
+    finally:
+        cluster("thaw-pod", f"{namespace}/echo")
+    wait_for(lambda: host_reaches(ip), 30, "the thawed pod to answer again")

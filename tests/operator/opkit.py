@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ftjob.trainer import contract
-from helpers import REPO, wait_for
+from helpers import REPO, TRAINER_IMAGE, container_pids, wait_for
 from kubernetes import client
 
 CRD = REPO / "crds" / "ftjob.dev_faulttoleranttrainingjobs.yaml"
@@ -46,7 +46,7 @@ def job_manifest(name: str, *, command: list[str] | None = None, **spec: Any) ->
     """A job whose workers run `command` (default: the heartbeating stand-in) with fast failure settings."""
     container = {
         "name": "trainer",
-        "image": "ftjob-trainer:dev",
+        "image": TRAINER_IMAGE,
         "command": command or ["python", "-u", "-c", HEARTBEATER],
     }
     body: dict[str, Any] = {
@@ -193,14 +193,9 @@ def lighthouse_status(core: client.CoreV1Api, ns: str, job: str) -> dict[str, An
 
 
 def kill_pod_processes(pod: client.V1Pod) -> int:
-    """SIGKILL every process of a pod (all of its network namespace), as when the trainer crashes or is OOM-killed;
-    the node agent then reports the pod Failed with a non-zero exit code. Returns how many were killed."""
-    from helpers import state_dir
-
-    settings = json.loads((state_dir() / "cluster.json").read_text())
-    netns = f"{settings.get('netns_prefix', 'ftj')}-p" + pod.metadata.uid.replace("-", "")[:10]
-    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True, check=True).stdout
-    pids = [int(p) for p in out.split()]
+    """SIGKILL every process of a pod's containers, as when the trainer crashes or is OOM-killed; the kubelet then
+    reports the container terminated with exit code 137. Returns how many were killed."""
+    pids = container_pids(pod)
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
