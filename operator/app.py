@@ -11,13 +11,13 @@ import logging
 import signal
 
 import kopf
+from ftjob import contract
 from ftjob.operator import health, metrics
 from ftjob.operator.handlers import REGISTRY
 from ftjob.operator.jobs import JobRegistry
 from ftjob.operator.kubeapi import KubeApi, load_client
 from ftjob.operator.leader import LeaderElector, LeaseConfig
 from ftjob.operator.settings import Settings
-from ftjob.trainer import contract
 
 log = logging.getLogger("ftjob.operator")
 EXIT_LOST_LEADERSHIP = 3

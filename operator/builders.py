@@ -9,9 +9,9 @@ import copy
 import secrets
 from typing import Any
 
+from ftjob import contract
 from ftjob.operator import names
 from ftjob.operator.model import GroupState, JobSpec
-from ftjob.trainer import contract
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Defaults a template may override. gloo otherwise binds to whatever the process hostname resolves to, which can be

@@ -9,9 +9,9 @@ import logging
 from typing import Any
 
 import kopf
+from ftjob import contract
 from ftjob.operator.jobs import JobRegistry
 from ftjob.operator.model import PodView
-from ftjob.trainer import contract
 
 REGISTRY = kopf.OperatorRegistry()
 MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}

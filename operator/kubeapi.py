@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ftjob.trainer import contract
+from ftjob import contract
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 

@@ -1,20 +1,23 @@
-"""HTTP client for a job's lighthouse (the API in ftjob.trainer.contract). Short timeouts: the operator must never
-stall a reconcile on a slow lighthouse; every call reports success so the caller can retry later."""
+"""HTTP client for a job's lighthouse (typed messages: ftjob.contract.lighthouse_api). Short timeouts: the operator must
+never stall a reconcile on a slow lighthouse; every call reports success so the caller can retry later."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import aiohttp
+from ftjob import contract
+from ftjob.contract.lighthouse_api import DesiredRequest, EvictRequest, Request, StartingRequest, StatusResponse
 from ftjob.operator.lighthouse_view import LighthouseView
-from ftjob.trainer import contract
+from pydantic import ValidationError
 
 log = logging.getLogger("ftjob.operator.lighthouse")
 CALL_TIMEOUT_S = 2.0
 
 
 class LighthouseClient:
+    """One aiohttp session for every job's lighthouse (each call names the lighthouse's base URL and token)."""
+
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
 
@@ -23,11 +26,10 @@ class LighthouseClient:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S))
         return self._session
 
-    async def _post(self, base: str, token: str, path: str, body: dict[str, Any]) -> bool:
+    async def _post(self, base: str, token: str, path: str, body: Request) -> bool:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         try:
-            async with self._get_session().post(
-                base + path, json=body, headers={"Authorization": f"Bearer {token}"}
-            ) as resp:
+            async with self._get_session().post(base + path, data=body.model_dump_json(), headers=headers) as resp:
                 if resp.status >= 400:
                     log.warning("lighthouse %s%s answered %s: %s", base, path, resp.status, await resp.text())
                     return False
@@ -38,14 +40,14 @@ class LighthouseClient:
 
     async def evict(self, base: str, token: str, groups: list[int], reason: str) -> bool:
         return await self._post(
-            base, token, contract.PATH_EVICT, {"groups": [str(g) for g in groups], "reason": reason}
+            base, token, contract.PATH_EVICT, EvictRequest(groups=[str(g) for g in groups], reason=reason)
         )
 
     async def starting(self, base: str, token: str, groups: list[int]) -> bool:
-        return await self._post(base, token, contract.PATH_STARTING, {"groups": [str(g) for g in groups]})
+        return await self._post(base, token, contract.PATH_STARTING, StartingRequest(groups=[str(g) for g in groups]))
 
     async def desired(self, base: str, token: str, replicas: int) -> bool:
-        return await self._post(base, token, contract.PATH_DESIRED, {"replicas": replicas})
+        return await self._post(base, token, contract.PATH_DESIRED, DesiredRequest(replicas=replicas))
 
     async def status(self, base: str, token: str) -> LighthouseView | None:
         try:
@@ -54,8 +56,8 @@ class LighthouseClient:
             ) as resp:
                 if resp.status != 200:
                     return None
-                return LighthouseView.parse(await resp.json())
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
+                return LighthouseView.from_status(StatusResponse.model_validate_json(await resp.read()))
+        except (aiohttp.ClientError, TimeoutError, OSError, ValidationError) as e:
             log.debug("lighthouse %s status unavailable: %s", base, e)
             return None
 

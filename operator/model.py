@@ -10,7 +10,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftjob.trainer import contract
+from ftjob import contract
 
 ACTION_RESTART_GROUP = "RestartGroup"
 ACTION_FAIL_JOB = "FailJob"

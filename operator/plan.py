@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ftjob import contract
 from ftjob.operator import names
 from ftjob.operator.failures import (
     REASON_HEARTBEAT_LOST,
@@ -32,7 +33,6 @@ from ftjob.operator.model import (
     JobState,
     PodView,
 )
-from ftjob.trainer import contract
 
 # After the first group finishes, stragglers (e.g. a spare still waiting for a quorum) get this long to finish.
 COMPLETION_GRACE_S = 60.0

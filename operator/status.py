@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftjob import contract
 from ftjob.operator import plan as P
 from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import (
@@ -20,7 +21,6 @@ from ftjob.operator.model import (
     format_time,
     parse_time,
 )
-from ftjob.trainer import contract
 
 CONDITION_TYPES = ("Created", "Running", "Degraded", "Recovering", "Suspended", "Succeeded", "Failed")
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from ftjob import contract
 from ftjob.operator import builders, metrics, names
 from ftjob.operator.kubeapi import KubeApi
 from ftjob.operator.lighthouse_client import LighthouseClient, base_url
@@ -28,7 +29,6 @@ from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import JobSpec, JobState, PodView
 from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, Actions, Observed, Result, plan
 from ftjob.operator.status import build_status, state_from_status
-from ftjob.trainer import contract
 from kubernetes.client.rest import ApiException
 
 log = logging.getLogger("ftjob.operator.worker")

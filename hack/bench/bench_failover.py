@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "trainer"))
 
-from ftjob.trainer import contract  # noqa: E402
+from ftjob import contract  # noqa: E402
 from test_manager_worker import Lighthouse, Worker, _wait  # noqa: E402
 
 # A short pause per step leaves CPU for a restarting group's python + torch import on a 2-core machine.
@@ -145,7 +145,7 @@ def bench_silent_cut(run: Run, evict: bool, rounds: int) -> list[float]:
 
 def bench_recovery_throughput(state_mb: int) -> None:
     import torch
-    from ftjob.trainer.recovery import RecoveryServer, fetch_state
+    from ftjob.ft.recovery import RecoveryServer, fetch_state
 
     n = state_mb * 1024 * 1024 // 4
     state = {"model": {"w": torch.randn(n // 2)}, "optim": {"m": torch.randn(n - n // 2)}}

@@ -28,8 +28,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "trainer"))
 
-from ftjob.trainer import contract  # noqa: E402
-from ftjob.trainer.lighthouse_quorum import QuorumCore  # noqa: E402
+from ftjob import contract  # noqa: E402
+from ftjob.lighthouse.quorum import QuorumCore  # noqa: E402
 from test_manager_worker import Lighthouse  # noqa: E402
 
 

@@ -6,7 +6,7 @@ Recovery (a real training job: `ftjob-trainer train --model tiny`, 3 contributin
 over N kills of a contributing group's trainer process (SIGKILL), without and with one hot spare:
   (a) failure -> the operator has told the lighthouse to evict the group   (operator log timestamp)
   (b) failure -> the replacement group's pods exist                         (pod watch ADDED time)
-      (and, for diagnosis, -> they are Running: the node agent's part)
+      (and, for diagnosis, -> they are Running: the kubelet's and containerd's part)
   (c) failure -> `replicas` groups contribute again in the lighthouse quorum (lighthouse status, polled every 50 ms)
 Scale: a 1,024-pod job (128 groups x 8 ranks, pods run `sleep`): job created -> every pod exists.
 Goals: (a) <= 1 s, (b) <= 1 s, (c) <= 10 s (<= 2 s with a spare), 1,024 pods <= 30 s.
@@ -31,7 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "operator")]
 
-from ftjob.trainer import contract  # noqa: E402
+from ftjob import contract  # noqa: E402
+from ftjob.contract.lighthouse_api import MemberStatus, StatusResponse  # noqa: E402
 from helpers import CLUSTER, kubectl, state_dir, wait_for  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 from opkit import (  # noqa: E402
@@ -101,19 +102,18 @@ def evictions(log: Path, job: str) -> list[tuple[float, int]]:
     return out
 
 
-def contributors(status: dict, exclude_incarnation: str | None = None) -> list[dict]:
+def contributors(status: StatusResponse, exclude_incarnation: str | None = None) -> list[MemberStatus]:
     return [
         m
-        for m in status.get("members") or []
-        if m.get("contributing") and m.get("in_quorum") and not m.get("healing")
-        and m.get("incarnation") != exclude_incarnation
-    ]  # fmt: skip
+        for m in status.members
+        if m.contributing and m.in_quorum and not m.healing and m.incarnation != exclude_incarnation
+    ]
 
 
-def full_strength(core: client.CoreV1Api, ns: str, job: str, spare: int) -> dict | None:
+def full_strength(core: client.CoreV1Api, ns: str, job: str, spare: int) -> StatusResponse | None:
     status = lighthouse_status(core, ns, job)
-    members = [m for m in status.get("members") or [] if not m.get("healing")]
-    if len(contributors(status)) == REPLICAS and len(members) == REPLICAS + spare and (status.get("max_step") or 0) > 2:
+    members = [m for m in status.members if not m.healing]
+    if len(contributors(status)) == REPLICAS and len(members) == REPLICAS + spare and status.max_step > 2:
         return status
     return None
 
@@ -256,7 +256,7 @@ def main() -> int:
         for key, values in r.items():
             goal = 2.0 if key == "contributing" and variant == "spare=1" else goals[key]
             med, p95 = statistics.median(values), pct(values, 0.95)
-            verdict = "(no goal: node agent start-up)" if goal is None else (
+            verdict = "(no goal: kubelet start-up)" if goal is None else (
                 f"goal <= {goal:g}s: {'meets' if med <= goal else 'MISSES'}")  # fmt: skip
             print(f"{variant:8s} failure -> {key:13s} n={len(values):2d} median {med:7.3f}s  p95 {p95:7.3f}s  "
                   f"{verdict}")  # fmt: skip

@@ -24,10 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ftjob.trainer import cli
-from ftjob.trainer.config import TrainConfig
-from ftjob.trainer.launcher_ddp import run_ddp
-from ftjob.trainer.report import read_run_dir
+from ddp_baseline import run_ddp
+from ftjob import cli
+from ftjob.gpt.config import TrainConfig
+from ftjob.launch.run_records import read_run_dir
 
 HAVE_TORCHFT = importlib.util.find_spec("torchft") is not None
 

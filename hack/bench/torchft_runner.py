@@ -2,8 +2,8 @@
 
 One replica group per process (N groups, one rank each) on loopback, a torchft lighthouse in its own process, and
 per group: a TCPStore, torchft's reconfigurable gloo process group, a torchft ``Manager`` and torchft's DDP wrapper.
-Model, data shards, optimizer, learning-rate schedule and gradient clipping come from ftjob.trainer, exactly as in
-trainer/launcher_ddp.py, so the three sides do identical work per step and differ only in how the step is
+Model, data shards, optimizer, learning-rate schedule and gradient clipping come from ftjob.gpt, exactly as in
+hack/bench/ddp_baseline.py, so the three sides do identical work per step and differ only in how the step is
 coordinated. Every step commits through ``Manager.should_commit`` (that coordination is the overhead compared);
 the wall time of each committed step is recorded per group.
 
@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ftjob.trainer.config import TrainConfig
-from ftjob.trainer.data import Corpus, SampleSource, shard_range
-from ftjob.trainer.launcher_ddp import add_config_flags, config_argv, config_from_flags
-from ftjob.trainer.launcher_procs import free_port
-from ftjob.trainer.model import build_model, digest_of, full_params
-from ftjob.trainer.train import forward_backward, lr_at, make_optimizer, set_lr
+from ddp_baseline import add_config_flags, config_argv, config_from_flags
+from ftjob.ft.digest import digest_of, full_params
+from ftjob.gpt.config import TrainConfig
+from ftjob.gpt.data import Corpus, SampleSource, shard_range
+from ftjob.gpt.model import build_model
+from ftjob.gpt.train import forward_backward, lr_at, make_optimizer, set_lr
+from ftjob.launch.procs import free_port
 
 # The bound the bench uses for our side's collectives (TrainConfig.collective_timeout_s); quorum and connect
 # timeouts stay at torchft's defaults (60 s, like our quorum timeout).

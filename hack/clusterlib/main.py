@@ -46,6 +46,7 @@ def current(args: argparse.Namespace | None = None) -> Settings:
 
 def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
+    settings.check_socket_paths(settings.from_env(REPO, VENV, args.nodes, args.gpus))  # bad input: fail before building
     lifecycle.prepare(REPO)
     with cluster_lock():
         s = settings.load()

@@ -146,6 +146,9 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
+MAX_SOCKET_PATH = 104  # containerd's limit on a unix socket path (the kernel's is 108 with the NUL)
+
+
 def validate(s: Settings) -> None:
     """Reject settings that would produce broken names or overlapping ranges, saying which variable to fix."""
     if not 1 <= s.nodes <= 200:
@@ -170,6 +173,19 @@ def validate(s: Settings) -> None:
         )
     if not s.netns_prefix.isalnum():
         raise SystemExit(f"error: FTJOB_NETNS_PREFIX={s.netns_prefix!r}: use letters and digits only, e.g. ftj")
+
+
+def check_socket_paths(s: Settings) -> None:
+    """Refuse a state dir too deep for the nodes' unix sockets (checked by `up` only: `down` must clean up anyway).
+    The kubelet's and containerd's sockets live below it; a socket path must fit 108 bytes (containerd refuses more
+    than 104), which a deep FTJOB_CLUSTER_DIR would otherwise break at start-up with a message about containerd."""
+    longest = s.node_dir(s.nodes) / "kubelet" / "pod-resources" / "kubelet.sock"
+    if len(str(longest).encode()) > MAX_SOCKET_PATH:
+        raise SystemExit(
+            f"error: FTJOB_CLUSTER_DIR={str(s.root)!r} is too deep: the nodes' unix sockets below it (e.g. {longest}) "
+            f"would exceed {MAX_SOCKET_PATH} bytes; use a path of at most "
+            f"{MAX_SOCKET_PATH - len(str(longest).encode()) + len(str(s.root).encode())} bytes"
+        )
 
 
 def from_env(repo: Path, venv: Path, nodes: int | None = None, gpus: int | None = None) -> Settings:

@@ -26,6 +26,8 @@ COPY operator/ operator/
 COPY trainer/ trainer/
 RUN [ -n "${PIP_CERT:-}" ] || unset PIP_CERT; \
     /opt/ftjob/bin/pip install --no-cache-dir --no-deps --no-build-isolation . && rm -rf /src /tmp/requirements.txt
+# The example loops, for examples/k8s/*.yaml (your own image copies your own script instead)
+COPY examples/ /opt/ftjob/examples/
 WORKDIR /
 ENV PATH=/opt/ftjob/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

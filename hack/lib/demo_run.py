@@ -25,8 +25,9 @@ from kubernetes.client.rest import ApiException
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # demo_timeline sits next to this file
 
 from demo_timeline import Timeline, plot
+from ftjob import contract
+from ftjob.contract.lighthouse_api import StatusResponse
 from ftjob.operator import names
-from ftjob.trainer import contract
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ftjob-operator"
@@ -175,7 +176,7 @@ class Watcher:
             sample = self.timeline.add_status(self.t(), lh)
             if sample.quorum_groups != self.quorum:
                 self.quorum = sample.quorum_groups
-                say(f"quorum {lh.get('quorum_id')}: groups {', '.join(self.quorum) or '-'} at step {sample.max_step}")
+                say(f"quorum {lh.quorum_id}: groups {', '.join(self.quorum) or '-'} at step {sample.max_step}")
         if time.monotonic() - self.last_table > 15:
             self.table()
         return obj
@@ -188,7 +189,7 @@ class Watcher:
             flush=True,
         )
 
-    def lighthouse_status(self) -> dict[str, Any] | None:
+    def lighthouse_status(self) -> StatusResponse | None:
         """GET /v1/status from the lighthouse pod (pod IPs are reachable from this host), with the job's token."""
         try:
             if self.token is None:
@@ -208,7 +209,7 @@ class Watcher:
         )
         try:
             with urllib.request.urlopen(req, timeout=2) as resp:
-                return json.loads(resp.read())
+                return StatusResponse.model_validate_json(resp.read())
         except (OSError, ValueError):
             return None  # between lighthouse restarts: the job status still tells the story
 

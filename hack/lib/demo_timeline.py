@@ -8,7 +8,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+from ftjob.contract.lighthouse_api import StatusResponse
 
 
 @dataclass
@@ -34,21 +35,19 @@ class Timeline:
     samples: list[Sample] = field(default_factory=list)
     marks: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind: kill|recovered|succeeded, label)
 
-    def add_status(self, t: float, status: dict[str, Any]) -> Sample:
-        """One lighthouse GET /v1/status answer (trainer/lighthouse_quorum.py) as a sample."""
+    def add_status(self, t: float, status: StatusResponse) -> Sample:
+        """One lighthouse GET /v1/status answer as a sample."""
         groups = {
-            str(m["group"]): GroupSample(
-                step=int(m.get("step") or 0),
-                in_quorum=bool(m.get("in_quorum")),
-                contributing=bool(m.get("contributing")),
-                healing=bool(m.get("healing")),
-                incarnation=str(m.get("incarnation", "")),
+            m.group: GroupSample(
+                step=m.step,
+                in_quorum=m.in_quorum,
+                contributing=m.contributing,
+                healing=m.healing,
+                incarnation=m.incarnation,
             )
-            for m in status.get("members") or []
+            for m in status.members
         }
-        sample = Sample(
-            t, int(status.get("max_step") or 0), [str(g) for g in status.get("quorum_groups") or []], groups
-        )
+        sample = Sample(t, status.max_step, list(status.quorum_groups), groups)
         self.samples.append(sample)
         return sample
 

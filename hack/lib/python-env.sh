@@ -47,8 +47,21 @@ if [ ! -f "$VENV/.complete" ]; then
   touch "$VENV/.complete"
   say "python environment ready"
 fi
-# Re-point the editable install at this checkout (cheap: no dependency is fetched).
-if ! "$VENV/bin/python" -c 'import ftjob.operator, sys, os; sys.exit(0 if os.path.realpath(ftjob.operator.__path__[0]) == os.path.realpath(sys.argv[1]) else 1)' "$root/operator" 2>/dev/null; then
+# Re-point the editable install at this checkout when any package of pyproject's mapping resolves elsewhere (another
+# checkout, or a mapping that changed since the install); cheap: no dependency is fetched.
+points_here='
+import importlib.util, os, sys, tomllib
+root = sys.argv[1]
+with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+    mapping = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+for name, folder in mapping.items():  # found, not imported: no package code (torch) runs
+    spec, folder = importlib.util.find_spec(name), os.path.join(root, folder)
+    if spec is None or os.path.realpath(list(spec.submodule_search_locations)[0]) != os.path.realpath(folder):
+        sys.exit(1)
+    if os.path.exists(os.path.join(folder, "__init__.py")) != (spec.origin not in (None, "namespace")):
+        sys.exit(1)  # installed when the folder was (not) a namespace package
+'
+if ! "$VENV/bin/python" -c "$points_here" "$root" 2>/dev/null; then
   mkdir -p "$(dirname "$LOG")"
   pip_logged "installing this checkout" install --progress-bar off --no-deps -e "$root"
 fi

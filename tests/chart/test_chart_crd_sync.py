@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import yaml
-from ftjob.trainer import contract
+from ftjob import contract
 from helm_tools import CHART
 from helpers import REPO
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from chart_fixtures import helm_release
-from ftjob.trainer import contract
+from ftjob import contract
 from helm_tools import ok
 from helpers import TRAINER_IMAGE, wait_for
 from kubernetes import client

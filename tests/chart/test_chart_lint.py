@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ftjob.trainer import contract
+from ftjob import contract
 from helm_tools import CHART, ok, render, set_args
 
 MODES = {

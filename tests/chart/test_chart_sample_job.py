@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 from chart_fixtures import helm_release
-from ftjob.trainer import contract
+from ftjob import contract
 from helm_tools import ok
-from helpers import REPO, wait_for
+from helpers import REPO, TRAINER_IMAGE, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -18,8 +18,10 @@ SAMPLE = REPO / "crds" / "examples" / "tiny-cpu.yaml"
 def test_sample_job_trains_to_succeeded_under_the_chart_operator(kube, namespace: str) -> None:
     job = yaml.safe_load(SAMPLE.read_text())
     name = job["metadata"]["name"]
+    # the manifest as a user applies it, with the trainer image this checkout built (the sample names a registry's)
+    job["spec"]["template"]["spec"]["containers"][0]["image"] = TRAINER_IMAGE
     with helm_release(kube, namespace, {"watchNamespaces": f"{{{namespace}}}"}, wait=True) as rel:
-        ok(["kubectl", "apply", "-n", namespace, "-f", str(SAMPLE)], kube.kubeconfig)
+        ok(["kubectl", "apply", "-n", namespace, "-f", "-"], kube.kubeconfig, stdin=yaml.safe_dump(job))
 
         def finished() -> dict | None:
             obj = kube.custom.get_namespaced_custom_object(

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -85,9 +88,26 @@ def _tracked_pids(state: Path) -> list[int]:
     return sorted(set(pids))
 
 
+def test_up_refuses_a_state_dir_too_deep_for_the_nodes_unix_sockets(tmp_path: Path) -> None:
+    """A unix socket path must fit 104 bytes (containerd): a deep FTJOB_CLUSTER_DIR is refused before anything is
+    built or started, with the limit in the message."""
+    state = tmp_path / ("deep-" * 12) / "cluster"
+    proc = cluster("up", env=_env(state), check=False)
+    assert proc.returncode != 0 and "is too deep" in proc.stderr and "104 bytes" in proc.stderr, proc.stderr
+    assert not state.exists() and _netns() == []
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A state dir as short as a user's ~/.cache/ftjob/cluster: pytest's tmp_path is too deep for unix sockets."""
+    d = Path(tempfile.mkdtemp(prefix="ftx-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_down_leaves_no_process_mount_cgroup_netns_link_or_state(tmp_path: Path) -> None:
-    state = tmp_path / "cluster"
+def test_down_leaves_no_process_mount_cgroup_netns_link_or_state(short_dir: Path) -> None:
+    state = short_dir / "cluster"
     env = _env(state)
     try:
         cluster("up", env=env)

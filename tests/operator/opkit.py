@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -13,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftjob.trainer import contract
+from ftjob import contract
+from ftjob.contract.lighthouse_api import DroppedEvent, StatusResponse
 from helpers import REPO, TRAINER_IMAGE, container_pids, wait_for
 from kubernetes import client
 
@@ -88,7 +88,7 @@ class OperatorProc:
 
     def health(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
-            return json.loads(r.read())
+            return StatusResponse.model_validate_json(r.read())
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
@@ -177,7 +177,7 @@ def lighthouse_pod(core: client.CoreV1Api, ns: str, job: str) -> client.V1Pod:
     return pods[0]
 
 
-def lighthouse_status(core: client.CoreV1Api, ns: str, job: str) -> dict[str, Any]:
+def lighthouse_status(core: client.CoreV1Api, ns: str, job: str) -> StatusResponse:
     """GET /v1/status from the job's lighthouse, by pod IP (the test host reaches pod IPs), with the job's token."""
     import base64
 
@@ -189,7 +189,7 @@ def lighthouse_status(core: client.CoreV1Api, ns: str, job: str) -> dict[str, An
         headers={"Authorization": f"Bearer {token}"},
     )
     with urllib.request.urlopen(req, timeout=3) as r:
-        return json.loads(r.read())
+        return StatusResponse.model_validate_json(r.read())
 
 
 def kill_pod_processes(pod: client.V1Pod) -> int:
@@ -206,3 +206,8 @@ def kill_pod_processes(pod: client.V1Pod) -> int:
 
 def pod_log(core: client.CoreV1Api, ns: str, name: str) -> str:
     return core.read_namespaced_pod_log(name, ns)
+
+
+def dropped_reasons(status: StatusResponse) -> dict[str, str]:
+    """group -> why the lighthouse dropped it (the last time), from its history."""
+    return {h.group: h.reason for h in status.history if isinstance(h, DroppedEvent)}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftjob import contract
 from ftjob.operator import names
 from ftjob.operator.model import JobSpec, PodView
-from ftjob.trainer import contract
 
 JOB = "demo"
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from ftjob import contract
+from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, StatusResponse
 from ftjob.operator import builders
 from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import GroupState, JobSpec, PodView
 from ftjob.operator.plan import Observed, plan
 from ftjob.operator.settings import parse
 from ftjob.operator.status import build_status, state_from_status
-from ftjob.trainer import contract
 from podfactory import JOB, healthy_job, spec, worker
 
 NOW = 2_000_000.0
@@ -118,11 +119,16 @@ def test_status_round_trips_the_operator_memory_and_shows_progress():
     pods = healthy_job(s)
     pods[pods.index(worker(0, 0))] = worker(0, 0, phase="Failed", exit_code=1)
     r = plan(JOB, s, r.state, Observed(pods, None, set(), NOW + 1))
-    lh = LighthouseView.parse(
-        {"quorum_id": 7, "max_step": 42, "quorum_groups": ["1", "2"],
-         "members": [{"group": "1", "step": 42, "contributing": True, "in_quorum": True},
-                     {"group": "2", "step": 42, "contributing": True, "finished": True, "param_digest": "abc"}],
-         "history": [{"event": "dropped", "group": "0", "reason": "evicted: pod died"}]}
+
+    def member(group: str, finished: bool = False, digest: str | None = None) -> MemberStatus:
+        return MemberStatus(group=group, incarnation=f"i{group}", step=42, address="", last_heartbeat_age_s=0.1,
+                            in_quorum=True, asking=False, healing=False, contributing=True, finished=finished,
+                            param_digest=digest)  # fmt: skip
+
+    lh = LighthouseView.from_status(
+        StatusResponse(quorum_id=7, max_step=42, abort_below=0, min_replicas=1, quorum_groups=["1", "2"],
+                       members=[member("1"), member("2", finished=True, digest="abc")], starting=[], blocked_reason="",
+                       history=[DroppedEvent(time=1.0, group="0", reason="evicted: pod died")])
     )  # fmt: skip
     status = build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases, pods=pods, lighthouse=lh,
                           previous=None, generation=3, now=NOW + 1)  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from ftjob.trainer import contract
+from ftjob import contract
 from helpers import kubectl, wait_for
 from opkit import (
     condition,
@@ -42,7 +42,7 @@ def test_training_job_survives_a_killed_group_and_succeeds_consistently(kube, na
     groups = wait_for(lambda: (g := running_groups(kube.core, namespace, "e2e")) and len(g) == 3 and g, 180,
                       "3 training groups running")  # fmt: skip
     # Kill group 1's trainer once training is under way (a few steps committed, far from the end).
-    wait_for(lambda: (lighthouse_status(kube.core, namespace, "e2e").get("max_step") or 0) >= 5, 300,
+    wait_for(lambda: (lighthouse_status(kube.core, namespace, "e2e").max_step) >= 5, 300,
              "5 committed steps")  # fmt: skip
     victim = groups[1][0]
     assert kill_pod_processes(victim) >= 1

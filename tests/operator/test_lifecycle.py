@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from ftjob.trainer import contract
+from ftjob import contract
 from helpers import cluster, kubectl, wait_for
 from kubernetes import client
 from opkit import (
     condition,
     create_job,
+    dropped_reasons,
     get_job,
     job_manifest,
     lighthouse_pod,
@@ -47,9 +48,9 @@ def test_create_makes_lighthouse_services_secret_and_every_rank(kube, namespace,
     assert all(s.spec.cluster_ip == "None" and s.spec.publish_not_ready_addresses for s in services.values())
     kube.core.read_namespaced_secret("mk-ftjob-token", namespace)
     # every group heartbeats to the lighthouse through its Service DNS name with the Secret's token
-    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "mk")["members"]) == 3, 60, "3 lighthouse members")
+    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "mk").members) == 3, 60, "3 lighthouse members")
     # 2 contribute, the third is a warm spare: the lighthouse was told desired = replicas
-    wait_for(lambda: lighthouse_status(kube.core, namespace, "mk")["desired_replicas"] == 2, 30, "desired = 2")
+    wait_for(lambda: lighthouse_status(kube.core, namespace, "mk").desired_replicas == 2, 30, "desired = 2")
     job = wait_for(lambda: (j := get_job(kube.custom, namespace, "mk")) and condition(j, "Running") and j, 60,
                    "condition Running")  # fmt: skip
     assert (
@@ -68,7 +69,7 @@ def test_killed_pod_restarts_only_its_group_and_lighthouse_sees_the_eviction(kub
     create_job(kube.custom, namespace, job_manifest("kp", replicas=3))
     before = wait_for(lambda: (g := running_groups(kube.core, namespace, "kp")) and len(g) == 3 and g, 120,
                       "3 groups running")  # fmt: skip
-    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "kp")["members"]) == 3, 60, "3 lighthouse members")
+    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "kp").members) == 3, 60, "3 lighthouse members")
     victim = before[1][0]
     kube.core.delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
 
@@ -80,9 +81,8 @@ def test_killed_pod_restarts_only_its_group_and_lighthouse_sees_the_eviction(kub
     assert uids(after)[0] == uids(before)[0] and uids(after)[2] == uids(before)[2], "other groups were touched"
     assert after[1][0].metadata.name == "kp-g1-1-r0"
     # The lighthouse's heartbeat timeout is 600 s: only the operator's POST evict can have dropped the group.
-    history = lighthouse_status(kube.core, namespace, "kp")["history"]
-    drops = [h for h in history if h.get("event") == "dropped" and h.get("group") == "1"]
-    assert drops and drops[0]["reason"].startswith("evicted"), history
+    status = lighthouse_status(kube.core, namespace, "kp")
+    assert dropped_reasons(status).get("1", "").startswith("evicted"), status.history
     job = wait_for(lambda: (j := get_job(kube.custom, namespace, "kp"))["status"].get("totalRestarts") == 1 and j,
                    30, "the restart in status")  # fmt: skip
     assert job["status"]["restartsByReason"] == {"PodDeleted": 1}
@@ -118,15 +118,15 @@ def test_scale_up_and_down_keeps_surviving_groups(kube, namespace, operators):
     up = wait_for(lambda: (g := running_groups(kube.core, namespace, "sc")) and len(g) == 4 and g, 120,
                   "4 groups running")  # fmt: skip
     assert uids(up)[0] == uids(before)[0] and uids(up)[1] == uids(before)[1]
-    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "sc")["members"]) == 4, 60, "4 lighthouse members")
+    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "sc").members) == 4, 60, "4 lighthouse members")
     kubectl(kube.kubeconfig, "scale", "ftj/sc", "-n", namespace, "--replicas=1")
     down = wait_for(lambda: (g := running_groups(kube.core, namespace, "sc")) and set(g) == {0} and
                     len(worker_pods(kube.core, namespace, "sc")) == 1 and g, 120, "only group 0 left")  # fmt: skip
     assert uids(down)[0] == uids(before)[0]
-    status = wait_for(lambda: (s := lighthouse_status(kube.core, namespace, "sc"))["desired_replicas"] == 1 and s,
+    status = wait_for(lambda: (s := lighthouse_status(kube.core, namespace, "sc")).desired_replicas == 1 and s,
                       30, "the lighthouse told desired=1")  # fmt: skip
-    drops = {h["group"]: h["reason"] for h in status["history"] if h.get("event") == "dropped"}
-    assert drops.get("3", "").startswith("evicted") and drops.get("1", "").startswith("evicted"), status["history"]
+    drops = dropped_reasons(status)
+    assert drops.get("3", "").startswith("evicted") and drops.get("1", "").startswith("evicted"), status.history
     services = {s.metadata.name for s in kube.core.list_namespaced_service(namespace).items}
     assert services == {"sc-lighthouse", "sc-g0"}
     scale = kube.custom.get_namespaced_custom_object_scale(contract.API_GROUP, contract.API_VERSION, namespace,
@@ -138,7 +138,7 @@ def test_suspend_deletes_workers_and_resume_recreates_them(kube, namespace, oper
     operators()
     create_job(kube.custom, namespace, job_manifest("su", replicas=2))
     wait_for(lambda: len(running_groups(kube.core, namespace, "su")) == 2, 120, "2 groups running")
-    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "su")["members"]) == 2, 60, "2 lighthouse members")
+    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "su").members) == 2, 60, "2 lighthouse members")
     lighthouse_uid = lighthouse_pod(kube.core, namespace, "su").metadata.uid
     patch_job(kube.custom, namespace, "su", {"spec": {"suspend": True}})
     wait_for(lambda: not worker_pods(kube.core, namespace, "su", live_only=False), 60, "worker pods gone")
@@ -208,8 +208,8 @@ def test_lighthouse_loss_is_repaired_without_touching_workers(kube, namespace, o
                    120, "a new lighthouse generation")  # fmt: skip
     assert new.metadata.uid != old.metadata.uid
     # the new lighthouse is told the desired count, and the untouched groups heartbeat to it through the Service
-    wait_for(lambda: (s := lighthouse_status(kube.core, namespace, "lh"))["desired_replicas"] == 2
-             and len(s["members"]) == 2, 60, "the new lighthouse knows both groups")  # fmt: skip
+    wait_for(lambda: (s := lighthouse_status(kube.core, namespace, "lh")).desired_replicas == 2
+             and len(s.members) == 2, 60, "the new lighthouse knows both groups")  # fmt: skip
     assert uids(running_groups(kube.core, namespace, "lh")) == uids(before)
     job = get_job(kube.custom, namespace, "lh")
     assert job["status"]["restartsByReason"] == {"LighthouseFailed": 1}
@@ -222,7 +222,7 @@ def test_group_cut_off_from_the_lighthouse_is_replaced(kube, namespace, operator
     create_job(kube.custom, namespace, job_manifest("cut", replicas=2, lighthouse={"heartbeatTimeoutSeconds": 5}))
     before = wait_for(lambda: (g := running_groups(kube.core, namespace, "cut")) and len(g) == 2 and g, 120,
                       "2 groups running")  # fmt: skip
-    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "cut")["members"]) == 2, 60, "2 lighthouse members")
+    wait_for(lambda: len(lighthouse_status(kube.core, namespace, "cut").members) == 2, 60, "2 lighthouse members")
     # The operator only calls a group silent after it saw that group join (its status then shows the group's step).
     wait_for(lambda: all("step" in g for g in get_job(kube.custom, namespace, "cut")["status"]["replicaGroups"]), 60,
              "the operator to see both groups in the lighthouse")  # fmt: skip

@@ -7,7 +7,7 @@ import collections
 import threading
 
 import pytest
-from ftjob.trainer import contract
+from ftjob import contract
 from helpers import wait_for
 from kubernetes import client, watch
 from opkit import create_job, get_job, job_manifest, running_groups, worker_pods

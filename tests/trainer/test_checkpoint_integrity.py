@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import torch
-from ftjob.trainer import checkpoint
-from ftjob.trainer.config import TrainConfig
-from ftjob.trainer.model import param_digest
-from ftjob.trainer.train import Trainer, forward_backward
+from ftjob.ft import checkpoint
+from ftjob.ft.digest import model_digest as param_digest
+from ftjob.gpt.config import TrainConfig
+from ftjob.gpt.train import Trainer, forward_backward
 
 
 def _state(value: float) -> dict:

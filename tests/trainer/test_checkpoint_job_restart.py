@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftjob.trainer import checkpoint
-from ftjob.trainer.report import read_run_dir
-from launch_helpers import assert_clean, launch
+from ftjob.ft import checkpoint
+from ftjob.launch.report import LaunchReport
+from launch_helpers import assert_clean, launch, starts
 
 FLAGS = ["--replicas=2", "--min-replicas=2", "--checkpoint-every=10", "--batch-size=4"]
 
 
-def _digest(report: dict) -> str:
-    return report["groups"][0]["param_digest"]
+def _digest(report: LaunchReport) -> str | None:
+    return report.groups[0].param_digest
 
 
 def test_job_restart_resumes_from_checkpoint(tmp_path: Path) -> None:
@@ -34,8 +34,7 @@ def test_job_restart_resumes_from_checkpoint(tmp_path: Path) -> None:
     rc, second = launch(job, *FLAGS, "--steps=30")
     assert rc == 0, second
     assert_clean(second, 2, 30)
-    starts = [r for recs in read_run_dir(job / "run").values() for r in recs if r["event"] == "start"]
-    assert sorted(r["step"] for r in starts) == [0, 0, 10, 10], "the restart did not resume from step 10"
+    assert sorted(r.step for r in starts(job)) == [0, 0, 10, 10], "the restart did not resume from step 10"
     logs = "".join(p.read_text() for p in (job / "run" / "logs").glob("group-*-rank0.log"))
     assert "does not match its sha256" in logs
     assert _digest(second) == _digest(straight)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from ftjob.trainer.data import Corpus, SampleSource, list_corpus_files, rank_range, shard_range, stdlib_root
-from ftjob.trainer.report import sample_coverage
+from ftjob.ft.records import CommitRecord
+from ftjob.gpt.data import Corpus, SampleSource, list_corpus_files, rank_range, shard_range, stdlib_root
+from ftjob.launch.run_records import Coverage, sample_coverage
 
 
 def test_corpus_is_the_sorted_stdlib_without_third_party_packages() -> None:
@@ -62,6 +63,11 @@ def test_rank_range_splits_a_group_batch_evenly() -> None:
         rank_range(0, 8, 0, 3)
 
 
+def coverage(recs: dict[str, list[dict]]) -> Coverage:
+    """The launcher's check of records written as plain dicts (edited freely by the tests below)."""
+    return sample_coverage({g: [CommitRecord(**r) for r in rs] for g, rs in recs.items()})
+
+
 def _commit(step: int, cursor: int, n: int, shard: int, b: int = 4, contributing: bool = True) -> dict:
     return {
         "event": "commit",
@@ -88,7 +94,7 @@ def _run(steps: list[tuple[int, int]], groups: int = 2, b: int = 4) -> dict[str,
 
 
 def test_clean_run_has_no_drops_or_duplicates() -> None:
-    cov = sample_coverage(_run([(1, 2), (2, 2), (3, 1), (4, 2)]))
+    cov = coverage(_run([(1, 2), (2, 2), (3, 1), (4, 2)]))
     assert (cov.committed, cov.dropped, cov.duplicated) == (4 * 7, 0, 0)
     assert cov.inconsistent_steps == [] and cov.shard_errors == []
 
@@ -99,7 +105,7 @@ def test_a_skipped_range_is_counted_as_dropped() -> None:
         if r["step"] == 2:  # step 2 started 8 samples late
             r["cursor"] += 8
             r["shard_start"] += 8
-    cov = sample_coverage(recs)
+    cov = coverage(recs)
     assert cov.dropped == 8 and cov.duplicated == 0
 
 
@@ -109,21 +115,21 @@ def test_a_repeated_range_is_counted_as_duplicated() -> None:
         if r["step"] == 2:  # step 2 re-trained half of step 1's samples
             r["cursor"] -= 4
             r["shard_start"] -= 4
-    cov = sample_coverage(recs)
+    cov = coverage(recs)
     assert cov.duplicated == 4 and cov.dropped == 0
 
 
 def test_one_lost_line_does_not_fake_a_gap() -> None:
     recs = _run([(1, 2), (2, 2), (3, 2)])
     recs["1"] = [r for r in recs["1"] if r["step"] != 2]  # killed between commit and write
-    cov = sample_coverage(recs)
+    cov = coverage(recs)
     assert (cov.dropped, cov.duplicated) == (0, 0)
 
 
 def test_groups_disagreeing_on_a_step_are_reported() -> None:
     recs = _run([(1, 2), (2, 2)])
     recs["1"][1]["cursor"] += 1
-    assert sample_coverage(recs).inconsistent_steps == [2]
+    assert coverage(recs).inconsistent_steps == [2]
 
 
 def test_two_groups_claiming_the_same_shard_is_a_shard_error() -> None:
@@ -131,4 +137,4 @@ def test_two_groups_claiming_the_same_shard_is_a_shard_error() -> None:
     recs["1"][0]["shard"], recs["1"][0]["shard_start"] = 0, 0  # shard 0 twice, shard 1 never
     recs["2"] = [_commit(1, 0, 2, 1)]
     recs["2"][0]["shard_start"] = 5  # claims shard 1 but at the wrong place
-    assert sample_coverage(recs).shard_errors == [1]
+    assert coverage(recs).shard_errors == [1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from ftjob.trainer.launcher import add_launch_flags, config_from_args
+from ftjob.launch.config import add_launch_flags, config_from_args
 
 
 def _cfg(*argv: str):

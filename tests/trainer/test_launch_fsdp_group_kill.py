@@ -24,9 +24,9 @@ def test_fsdp_groups_survive_a_group_kill(tmp_path: Path) -> None:
     )
     assert rc == 0, report
     assert_clean(report, 2, STEPS)
-    assert report["failures_injected"] == 1 and report["rejoin_seconds"][0] is not None
+    assert report.failures_injected == 1 and report.rejoin_seconds[0] is not None
     by_group = commits(tmp_path)
-    victim = next(g["group"] for g in report["groups"] if g["restarts"] == 1)
+    victim = next(g.group for g in report.groups if g.restarts == 1)
     survivor = next(g for g in by_group if g != victim)
-    assert any(r["num_contributors"] == 1 and r["step"] > KILL_AT for r in by_group[survivor])
-    assert any(r["healed"] for r in by_group[victim])
+    assert any(r.num_contributors == 1 and r.step > KILL_AT for r in by_group[survivor])
+    assert any(r.healed for r in by_group[victim])

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ftjob.trainer.launcher_report import LaunchEvents, build_report, rejoin_marks
-from ftjob.trainer.report import GroupLog, group_log_path, group_timeline, read_group_log, read_run_dir
-from ftjob.trainer.timeline import plot_timeline
+from ftjob.ft.records import CommitRecord, GroupLog, group_log_path, read_group_log, read_run_dir
+from ftjob.launch.report import LaunchEvents, build_report, rejoin_marks
+from ftjob.launch.run_records import Coverage, group_timeline
+from ftjob.launch.timeline import plot_timeline
 
 
 def _write(run_dir: Path, group: str, records: list[dict]) -> None:
@@ -61,20 +62,14 @@ def _fake_run(run_dir: Path) -> LaunchEvents:
 def test_report_has_every_field_and_measures_the_kill(tmp_path: Path) -> None:
     events = _fake_run(tmp_path)
     report = build_report(tmp_path, events, ["0", "1", "2"], t_end=114.0)
-    assert report["steps_committed"] == 10
-    assert [g["param_digest"] for g in report["groups"]] == ["abc"] * 3 and report["digests_equal"]
-    assert [g["restarts"] for g in report["groups"]] == [0, 0, 1]
-    assert report["failures_injected"] == 1
-    assert report["rejoin_seconds"] == [110.5 - 104.5]  # first contributing commit of the new incarnation
-    assert report["survivor_stall_seconds_max"] == 3.5  # step 4 -> 5 took 3.5s instead of 1s
-    assert report["samples"] == {
-        "committed": 4 * 12 + 3 * 8 + 3 * 12,
-        "dropped": 0,
-        "duplicated": 0,
-        "inconsistent_steps": [],
-        "shard_errors": [],
-    }
-    assert report["final_loss"] == 4.0 and report["corpus_digests_equal"]
+    assert report.steps_committed == 10
+    assert [g.param_digest for g in report.groups] == ["abc"] * 3 and report.digests_equal
+    assert [g.restarts for g in report.groups] == [0, 0, 1]
+    assert report.failures_injected == 1
+    assert report.rejoin_seconds == [110.5 - 104.5]  # first contributing commit of the new incarnation
+    assert report.survivor_stall_seconds_max == 3.5  # step 4 -> 5 took 3.5s instead of 1s
+    assert report.samples == Coverage(committed=4 * 12 + 3 * 8 + 3 * 12)
+    assert report.final_loss == 4.0 and report.corpus_digests_equal
     assert rejoin_marks(report, events) == [(110.5, "2")]
 
 
@@ -82,13 +77,13 @@ def test_a_survivors_own_restart_is_not_counted_as_its_stall(tmp_path: Path) -> 
     events = _fake_run(tmp_path)
     events.kills.append((109.0, "0"))  # group 2 (down from 104.5 to 109.5) is a "survivor" of this kill
     report = build_report(tmp_path, events, ["0", "1", "2"], t_end=114.0)
-    assert report["survivor_stall_seconds"][1] == 1.0  # not group 2's 6s gap between its two incarnations
+    assert report.survivor_stall_seconds[1] == 1.0  # not group 2's 6s gap between its two incarnations
 
 
 def test_unequal_digests_are_flagged(tmp_path: Path) -> None:
     events = _fake_run(tmp_path)
     _write(tmp_path, "1", [{"event": "finished", "t": 114.0, "step": 10, "param_digest": "zzz"}])
-    assert not build_report(tmp_path, events, ["0", "1", "2"], t_end=115.0)["digests_equal"]
+    assert not build_report(tmp_path, events, ["0", "1", "2"], t_end=115.0).digests_equal
 
 
 def test_timeline_png_is_written(tmp_path: Path) -> None:
@@ -101,8 +96,8 @@ def test_timeline_png_is_written(tmp_path: Path) -> None:
 
 def test_group_log_survives_a_torn_last_line(tmp_path: Path) -> None:
     log = GroupLog(tmp_path / "group-0.jsonl")
-    log.write("commit", step=1)
+    log.write(CommitRecord(step=1, cursor=0, step_samples=4, num_contributors=1))
     log.close()
     with open(tmp_path / "group-0.jsonl", "a") as f:
         f.write('{"event": "commit", "st')  # killed mid-write
-    assert [r["step"] for r in read_group_log(tmp_path / "group-0.jsonl")] == [1]
+    assert [r.step for r in read_group_log(tmp_path / "group-0.jsonl")] == [1]

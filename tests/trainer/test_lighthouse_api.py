@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from ftjob.trainer import contract
+from ftjob import contract
 from test_manager_worker import Lighthouse
 
 
@@ -56,20 +56,58 @@ def test_health_needs_no_token_everything_else_does(lighthouse: Lighthouse):
         assert code == 401 and "wrong bearer token" in body["error"]
 
 
+def test_unknown_paths_wrong_methods_and_huge_bodies_get_the_contracts_json(lighthouse: Lighthouse):
+    before = lighthouse.status()
+    for method, path, raw, status in (
+        ("GET", "/v1/nope", None, 404),
+        ("GET", contract.PATH_QUORUM, None, 405),
+        ("POST", contract.PATH_HEARTBEAT, b"x" * (10 * 1024 * 1024), 413),
+    ):
+        code, body = lighthouse.request(method, path, raw=raw)
+        assert code == status and isinstance(body, dict) and body["error"], (method, path, code, body)
+    assert lighthouse.status().members == before.members
+
+
 def test_bad_requests_are_rejected_with_a_reason_and_change_nothing(lighthouse: Lighthouse):
     before = lighthouse.status()
     cases = [
-        (contract.PATH_QUORUM, b"{not json", "not valid JSON"),
-        (contract.PATH_QUORUM, b"[1, 2]", "must be a JSON object"),
-        (contract.PATH_QUORUM, json.dumps({"group": "0"}).encode(), "missing field 'incarnation'"),
-        (contract.PATH_QUORUM, json.dumps(quorum_body("0", step="3")).encode(), "field 'step' must be int"),
-        (contract.PATH_QUORUM, json.dumps(quorum_body("0", step=True)).encode(), "field 'step' must be int"),
-        (contract.PATH_QUORUM, json.dumps(quorum_body("0", step=-1)).encode(), "must be >= 0"),
-        (contract.PATH_HEARTBEAT, json.dumps({"group": "0", "incarnation": ""}).encode(), "non-empty string"),
-        (contract.PATH_EVICT, json.dumps({"groups": "0"}).encode(), "field 'groups' must be list"),
-        (contract.PATH_STARTING, json.dumps({"groups": [1]}).encode(), "list of non-empty strings"),
-        (contract.PATH_DESIRED, json.dumps({"replicas": 0}).encode(), "replicas must be >= 1"),
-        (contract.PATH_DESIRED, json.dumps({"replicas": "2"}).encode(), "field 'replicas' must be int"),
+        (contract.PATH_QUORUM, b"{not json", "Invalid JSON"),
+        (contract.PATH_QUORUM, b"[1, 2]", "Input should be an object"),
+        (contract.PATH_QUORUM, json.dumps({"group": "0"}).encode(), "incarnation: Field required"),
+        (
+            contract.PATH_QUORUM,
+            json.dumps(quorum_body("0", step="3")).encode(),
+            "step: Input should be a valid integer",
+        ),
+        (
+            contract.PATH_QUORUM,
+            json.dumps(quorum_body("0", step=True)).encode(),
+            "step: Input should be a valid integer",
+        ),
+        (
+            contract.PATH_QUORUM,
+            json.dumps(quorum_body("0", step=-1)).encode(),
+            "step: Input should be greater than or equal to 0",
+        ),
+        (
+            contract.PATH_HEARTBEAT,
+            json.dumps({"group": "0", "incarnation": ""}).encode(),
+            "incarnation: String should have at least 1 character",
+        ),
+        (contract.PATH_EVICT, json.dumps({"groups": "0"}).encode(), "groups: Input should be a valid array"),
+        (contract.PATH_STARTING, json.dumps({"groups": [1]}).encode(), "groups.0: Input should be a valid string"),
+        (
+            contract.PATH_DESIRED,
+            json.dumps({"replicas": 0}).encode(),
+            "replicas: Input should be greater than or equal to 1",
+        ),
+        (contract.PATH_DESIRED, json.dumps({"replicas": "2"}).encode(), "replicas: Input should be a valid integer"),
+        (contract.PATH_QUORUM, json.dumps(quorum_body("0", stpe=1)).encode(), "stpe: Extra inputs are not permitted"),
+        (
+            contract.PATH_QUORUM,
+            json.dumps(quorum_body("0", world_size=2, addresses=["a:1"])).encode(),
+            "addresses must list one address per rank (2)",
+        ),
     ]
     for path, raw, message in cases:
         code, body = lighthouse.request("POST", path, raw=raw)
@@ -78,8 +116,8 @@ def test_bad_requests_are_rejected_with_a_reason_and_change_nothing(lighthouse: 
     code, body = lighthouse.request("POST", contract.PATH_EVICT, {"groups": ["9"], "reason": "x"})
     assert code == 404 and "unknown replica group" in body["error"]
     after = lighthouse.status()
-    assert after["members"] == before["members"] == [] and after["quorum_id"] == before["quorum_id"]
-    assert after["desired_replicas"] is None and after["history"] == []
+    assert after.members == before.members == [] and after.quorum_id == before.quorum_id
+    assert after.desired_replicas is None and after.history == []
 
 
 def test_quorum_status_metrics_and_evict_over_http(lighthouse: Lighthouse):
@@ -91,14 +129,14 @@ def test_quorum_status_metrics_and_evict_over_http(lighthouse: Lighthouse):
     assert a["quorum_id"] == b["quorum_id"] == 1 and {a["replica_rank"], b["replica_rank"]} == {0, 1}
     assert "members" not in a  # O(groups) payload only on request
     status = lighthouse.status()
-    assert [m["group"] for m in status["members"]] == ["0", "1"] and status["quorum_groups"] == ["0", "1"]
-    assert status["members"][0]["last_heartbeat_age_s"] >= 0 and status["members"][0]["contributing"]
+    assert [m.group for m in status.members] == ["0", "1"] and status.quorum_groups == ["0", "1"]
+    assert status.members[0].last_heartbeat_age_s >= 0 and status.members[0].contributing
 
     code, body = lighthouse.request("POST", contract.PATH_EVICT, {"groups": ["1"], "reason": "pod deleted"})
     assert code == 200 and body == {"evicted": ["1"], "abort_below": 2}
     status = lighthouse.status()
-    assert [m["group"] for m in status["members"]] == ["0"] and status["abort_below"] == 2
-    assert status["history"][-1]["reason"] == "evicted: pod deleted"
+    assert [m.group for m in status.members] == ["0"] and status.abort_below == 2
+    assert status.history[-1].reason == "evicted: pod deleted"
     code, body = lighthouse.request("POST", contract.PATH_QUORUM, quorum_body("1"))
     assert code == 410 and "evicted" in body["error"]  # that incarnation may not come back
 

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from ftjob.trainer.lighthouse_quorum import QuorumCore, QuorumError
+from ftjob.contract.lighthouse_api import QuorumRequest
+from ftjob.lighthouse.quorum import QuorumCore, QuorumError
 
 
-def ask(core: QuorumCore, group: str, step: int = 0, now: float = 0.0, inc: str | None = None, **extra: object) -> None:
-    req = {
-        "group": group,
-        "incarnation": inc or f"inc-{group}",
-        "step": step,
-        "quorum_id": extra.pop("quorum_id", -1),
-        "address": f"10.0.0.{group}:1",
-        "store_address": f"10.0.0.{group}:2",
-        "world_size": 1,
+def ask(core: QuorumCore, group: str, step: int = 0, now: float = 0.0, inc: str | None = None, **extra: Any) -> None:
+    req = QuorumRequest(
+        group=group,
+        incarnation=inc or f"inc-{group}",
+        step=step,
+        quorum_id=extra.pop("quorum_id", -1),
+        address=f"10.0.0.{group}:1",
+        store_address=f"10.0.0.{group}:2",
         **extra,
-    }
+    )
     core.request(req, now)
 
 
@@ -32,7 +34,7 @@ def test_first_quorum_waits_for_min_replicas_then_forms():
     ask(c, "1")
     formed = c.poll(0.0)
     assert formed is not None and formed.groups == ("0", "1") and formed.quorum_id == 1
-    assert formed.responses["1"]["replica_rank"] == 1 and formed.responses["0"]["replica_world_size"] == 2
+    assert formed.responses["1"].replica_rank == 1 and formed.responses["0"].replica_world_size == 2
 
 
 def test_join_timeout_waits_for_live_groups_that_have_not_asked():
@@ -128,10 +130,10 @@ def test_behind_groups_heal_from_up_to_date_members_round_robin():
     q = c.poll(0.0)
     assert q is not None and q.max_step == 5 and q.heals == 2
     r = q.responses
-    assert not r["0"]["heal"] and r["2"]["heal"] and r["3"]["heal"]
-    assert {r["2"]["recover_from"]["group"], r["3"]["recover_from"]["group"]} == {"0", "1"}
-    assert r["0"]["serve_recovery"] and r["1"]["serve_recovery"]
-    assert not r["2"]["contributing"] and r["0"]["num_contributors"] == 2  # healers contribute nothing this step
+    assert not r["0"].heal and r["2"].heal and r["3"].heal
+    assert {r["2"].recover_from.group, r["3"].recover_from.group} == {"0", "1"}
+    assert r["0"].serve_recovery and r["1"].serve_recovery
+    assert not r["2"].contributing and r["0"].num_contributors == 2  # healers contribute nothing this step
 
 
 def test_spares_do_not_contribute_and_one_is_promoted_when_a_contributor_goes():
@@ -141,14 +143,14 @@ def test_spares_do_not_contribute_and_one_is_promoted_when_a_contributor_goes():
         ask(c, g, step=4)
     q = c.poll(0.0)
     assert q is not None
-    assert [q.responses[g]["contributing"] for g in ("0", "1", "2")] == [True, True, False]
-    assert q.responses["2"]["contributor_rank"] == -1 and q.responses["1"]["num_contributors"] == 2
+    assert [q.responses[g].contributing for g in ("0", "1", "2")] == [True, True, False]
+    assert q.responses["2"].contributor_rank == -1 and q.responses["1"].num_contributors == 2
     c.evict(["0"], "node lost", 0.1)
     ask(c, "1", step=4, now=0.2)
     ask(c, "2", step=4, now=0.2)
     q2 = c.poll(0.2)
-    assert q2 is not None and q2.responses["2"]["contributing"] and q2.responses["1"]["contributing"]
-    assert q2.responses["1"]["contributor_rank"] == 0 and q2.responses["2"]["contributor_rank"] == 1
+    assert q2 is not None and q2.responses["2"].contributing and q2.responses["1"].contributing
+    assert q2.responses["1"].contributor_rank == 0 and q2.responses["2"].contributor_rank == 1
 
 
 def test_restored_ids_keep_increasing_and_committed_step_is_a_floor():
@@ -157,7 +159,7 @@ def test_restored_ids_keep_increasing_and_committed_step_is_a_floor():
     assert c.poll(0.0) is None and "committed step 10" in c.blocked_reason  # never train from below step 10
     ask(c, "1", step=10, quorum_id=42)
     q = c.poll(0.0)
-    assert q is not None and q.quorum_id == 43 and q.responses["0"]["heal"]
+    assert q is not None and q.quorum_id == 43 and q.responses["0"].heal
 
 
 def test_new_incarnation_replaces_and_bans_the_old_one():
@@ -179,7 +181,7 @@ def test_finished_groups_are_kept_for_status_and_not_waited_for():
     assert c.poll(0.6) is not None  # a finished group is not a live group to wait for
     c.sweep(10.0)
     status = c.status(10.0)
-    assert [m["group"] for m in status["members"]] == ["1"] and status["members"][0]["param_digest"] == "abc"
+    assert [m.group for m in status.members] == ["1"] and status.members[0].param_digest == "abc"
 
 
 def test_forming_12500_groups_is_linear_enough():
@@ -190,4 +192,36 @@ def test_forming_12500_groups_is_linear_enough():
         ask(c, str(g), step=1 if g % 2 else 0)
     q = c.poll(0.0)
     assert q is not None and len(q.groups) == n and q.heals == n // 2
-    assert q.responses["12499"]["replica_rank"] == n - 1 and q.responses["2"]["replica_rank"] == 2
+    assert q.responses["12499"].replica_rank == n - 1 and q.responses["2"].replica_rank == 2
+
+
+def test_fresh_groups_copy_one_reference_at_step_0_and_still_contribute():
+    c = core()
+    for g in ("0", "1", "2"):
+        ask(c, g, fresh=True)
+    q = c.poll(0.0)
+    assert q is not None and q.heals == 2
+    r = q.responses
+    assert not r["0"].heal and r["0"].serve_recovery  # the first asker is the reference
+    assert r["1"].heal and r["2"].heal and r["1"].recover_from and r["1"].recover_from.group == "0"
+    assert all(r[g].contributing for g in "012") and r["0"].num_contributors == 3  # they heal before training
+    # the first step failed; a fresh group joins the retry: it copies a group already synced, nobody else heals
+    ask(c, "0", commit_failures=1, now=0.1)
+    ask(c, "1", commit_failures=1, now=0.1)
+    ask(c, "2", commit_failures=1, now=0.1)
+    ask(c, "3", fresh=True, now=0.1)
+    q2 = c.poll(0.1)
+    assert q2 is not None and q2.heals == 1 and q2.responses["3"].recover_from is not None
+    assert q2.responses["3"].recover_from.group == "0" and not q2.responses["1"].heal
+
+
+def test_no_step_0_sync_past_step_0_or_without_fresh_groups():
+    c = core()
+    ask(c, "0")
+    ask(c, "1")
+    q = c.poll(0.0)
+    assert q is not None and q.heals == 0
+    ask(c, "0", step=1, now=0.1)
+    ask(c, "1", step=1, now=0.1, fresh=True)  # past step 0 "fresh" means nothing
+    q = c.poll(0.1)
+    assert q is not None and q.heals == 0

@@ -8,7 +8,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from ftjob.trainer import contract
+from ftjob import contract
+from ftjob.contract.lighthouse_api import DroppedEvent
 from helpers import wait_for
 from test_manager_worker import Lighthouse, Worker
 
@@ -56,7 +57,7 @@ def test_two_groups_commit_every_step_build_one_process_group_and_stay_identical
         assert all(e["contributing"] and e["participants"] == 2 for e in w.events("step"))
     assert done[0]["cursor"] == 24  # 2 contributors x 12 steps: every sample position consumed once
     status = lh.status()
-    assert all(m["finished"] and m["param_digest"] == done[0]["digest"] for m in status["members"])
+    assert all(m.finished and m.param_digest == done[0]["digest"] for m in status.members)
 
 
 def test_late_joiner_heals_to_identical_params_and_groups_rebuild_only_on_membership_change(
@@ -110,7 +111,7 @@ def test_below_min_replicas_nothing_commits_and_training_resumes_when_groups_ret
 
     def blocked_on_min_replicas() -> bool:
         s = lh.status()
-        return "min_replicas" in s["blocked_reason"] and any(m["asking"] for m in s["members"])
+        return "min_replicas" in s.blocked_reason and any(m.asking for m in s.members)
 
     wait_for(blocked_on_min_replicas, TIMEOUT, "group 0 waiting for a second group")
     assert g0.events("step") == []  # alone: not a single step committed
@@ -148,7 +149,8 @@ def test_evict_aborts_a_hung_collective_long_before_any_timeout(tmp_path: Path, 
     failed = [e for e in g0.events("step") if not e["committed"]]
     assert failed and "aborted" in failed[0]["error"] and failed[0]["step"] == 5
     assert_steps_only_move_forward(g0)
-    assert any(h.get("reason") == "evicted: node unreachable" for h in lh.status()["history"])
+    dropped = [h for h in lh.status().history if isinstance(h, DroppedEvent)]
+    assert any(h.reason == "evicted: node unreachable" for h in dropped)
 
 
 def test_lighthouse_killed_and_restarted_mid_run_loses_no_committed_step(tmp_path: Path, procs: list):

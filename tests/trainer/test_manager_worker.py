@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ftjob.trainer.manager import Manager, ManagerConfig, param_digest
+from ftjob.contract.lighthouse_api import StatusResponse
+from ftjob.ft.digest import local_digest as param_digest
+from ftjob.ft.manager import Manager, ManagerConfig
 
 
 def emit(**fields: object) -> None:
@@ -147,7 +149,7 @@ def _wait(predicate: Any, timeout: float, what: str) -> Any:
 
 
 class Lighthouse:
-    """A real `python -m ftjob.trainer.lighthouse` process on loopback; ``port=0`` picks a free port."""
+    """A real `python -m ftjob.lighthouse` process on loopback; ``port=0`` picks a free port."""
 
     def __init__(self, workdir: Path, *args: str, port: int = 0, token: str = TOKEN) -> None:
         self.workdir, self.args, self.token = workdir, list(args), token
@@ -159,7 +161,7 @@ class Lighthouse:
         self.starts += 1
         log = self.workdir / f"lighthouse-{self.starts}.log"
         env = {**os.environ, "FTJOB_TOKEN": self.token}
-        cmd = [sys.executable, "-m", "ftjob.trainer.lighthouse", "--bind", f"127.0.0.1:{self.port}", *self.args]
+        cmd = [sys.executable, "-m", "ftjob.lighthouse", "--bind", f"127.0.0.1:{self.port}", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
 
         def listening() -> int | None:
@@ -194,10 +196,10 @@ class Lighthouse:
         except ValueError:
             return status, payload.decode()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusResponse:
         code, body = self.request("GET", "/v1/status")
         assert code == 200, body
-        return body
+        return StatusResponse.model_validate(body)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import urllib.error
 import urllib.request
 
 import pytest
 import torch
-from ftjob.trainer import contract
-from ftjob.trainer.recovery import RecoveryError, RecoveryServer, fetch_state
-from ftjob.trainer.recovery_codec import CodecError, pack, unpack
+from ftjob import contract
+from ftjob.contract.recovery_api import RecoveryManifest
+from ftjob.ft.recovery import RecoveryError, RecoveryServer, fetch_state
+from ftjob.ft.recovery_codec import CodecError, pack, unpack
 
 TOKEN = "recovery-token"
 
@@ -59,12 +59,13 @@ def server():
 def test_codec_round_trip_is_exact_and_json_only():
     state = sample_state()
     packed = pack(state)
-    meta = json.loads(json.dumps(packed.meta))  # what travels is plain JSON
-    assert_same(state, unpack(meta, json.loads(json.dumps(packed.tensors)), packed.buffer))
+    manifest = RecoveryManifest(step=0, total_bytes=0, chunks=[], tensors=packed.tensors, state=packed.state)
+    travelled = RecoveryManifest.model_validate_json(manifest.model_dump_json())  # what travels is plain JSON
+    assert_same(state, unpack(travelled.state, travelled.tensors, packed.buffer))
 
 
 def test_codec_rejects_objects_it_would_have_to_pickle():
-    with pytest.raises(CodecError, match=r"state/data/fn is a function"):
+    with pytest.raises(CodecError, match=r"state/data/fn is a builtins.function"):
         pack({"data": {"fn": lambda: 0}})
 
 

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 import pytest
-from ftjob.trainer import contract
-from ftjob.trainer.config import add_train_flags, from_args
+from ftjob import contract
+from ftjob.gpt.config import add_train_flags, from_args
 
 
 def _cfg(argv: list[str], env: dict[str, str]):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ftjob.trainer.config import TrainConfig
-from ftjob.trainer.data import Corpus, SampleSource
-from ftjob.trainer.model import PRESETS, build_model, count_params, param_digest, preset
-from ftjob.trainer.train import forward_backward, lr_at, make_optimizer
+from ftjob.ft.digest import model_digest as param_digest
+from ftjob.gpt.config import TrainConfig
+from ftjob.gpt.data import Corpus, SampleSource
+from ftjob.gpt.model import PRESETS, build_model, count_params, preset
+from ftjob.gpt.train import forward_backward, lr_at, make_optimizer
 
 
 def test_presets_span_tiny_to_about_100m_parameters() -> None:

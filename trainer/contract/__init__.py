@@ -1,0 +1,135 @@
+"""The operator <-> trainer contract, defined once: labels, env vars, ports, paths, and the typed wire messages.
+
+The operator (ftjob.operator) imports this package to build pods and to call the lighthouse; the trainer side
+(ftjob.ft, ftjob.lighthouse, ftjob.launch) imports it to read its configuration and to serve or call the lighthouse.
+It never imports torch: the operator's image has none.
+
+  this module          names: Kubernetes identity and labels, ports, env vars, HTTP paths, the token
+  lighthouse_api       every request and answer of the lighthouse's HTTP/WebSocket API (pydantic models)
+  recovery_api         the manifest a healing rank reads from a peer's recovery server
+
+Lighthouse paths (every one except /healthz needs ``Authorization: Bearer <token>``; bodies in lighthouse_api):
+  POST /v1/quorum, /v1/heartbeat, /v1/membership/{evict,starting,desired}; GET /v1/status, /v1/watch (WebSocket),
+  /metrics (Prometheus text), /healthz ("ok").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# --- Kubernetes resource identity -------------------------------------------------------------------------------
+API_GROUP = "ftjob.dev"
+API_VERSION = "v1alpha1"
+KIND = "FaultTolerantTrainingJob"
+PLURAL = "faulttoleranttrainingjobs"
+
+LABEL_JOB = "ftjob.dev/job"  # the job's name, on every object the operator makes for it
+LABEL_ROLE = "ftjob.dev/role"  # ROLE_LIGHTHOUSE or ROLE_WORKER
+LABEL_GROUP = "ftjob.dev/replica-group"  # "0", "1", ... (the group's index)
+LABEL_RANK = "ftjob.dev/rank"  # rank inside the group, "0".."podsPerReplica-1"
+LABEL_GENERATION = "ftjob.dev/generation"  # how many times this group has been (re)created, "0", "1", ...
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "ftjob-operator"
+ROLE_LIGHTHOUSE = "lighthouse"
+ROLE_WORKER = "worker"
+
+# --- Ports ------------------------------------------------------------------------------------------------------
+LIGHTHOUSE_PORT = 29510  # lighthouse HTTP API
+GROUP_MASTER_PORT = 29500  # torch.distributed rendezvous inside one group (MASTER_PORT)
+RECOVERY_PORT = 29520  # per-rank state server a healing peer copies from
+CROSS_GROUP_STORE_PORT = 29530  # TCPStore hosted by a group's rank for the cross-group process group
+
+# --- Env vars the operator sets on worker pods and the trainer reads -------------------------------------------
+ENV_JOB_NAME = "FTJOB_JOB_NAME"
+ENV_NAMESPACE = "FTJOB_NAMESPACE"
+ENV_LIGHTHOUSE_URL = "FTJOB_LIGHTHOUSE_URL"  # http://host:port of the lighthouse
+ENV_TOKEN = "FTJOB_TOKEN"  # bearer token (the operator fills it from the job's Secret)
+ENV_TOKEN_FILE = "FTJOB_TOKEN_FILE"  # alternative: a file holding the token
+ENV_REPLICA_GROUP = "FTJOB_REPLICA_GROUP"  # this pod's group id (the index as a string)
+ENV_REPLICAS = "FTJOB_REPLICAS"  # desired contributing groups
+ENV_MIN_REPLICAS = "FTJOB_MIN_REPLICAS"  # below this nothing commits
+ENV_ADVERTISE_ADDR = "FTJOB_ADVERTISE_ADDR"  # the IP peers use to reach this pod (status.podIP)
+ENV_CHECKPOINT_DIR = "FTJOB_CHECKPOINT_DIR"  # durable checkpoints for whole-job restarts (optional)
+ENV_COLLECTIVE_TIMEOUT_S = "FTJOB_COLLECTIVE_TIMEOUT_S"  # bound on one cross-group collective
+ENV_QUORUM_TIMEOUT_S = "FTJOB_QUORUM_TIMEOUT_S"  # bound on one quorum request
+ENV_CHECKPOINT_EVERY = "FTJOB_CHECKPOINT_EVERY"  # durable checkpoint every N committed steps (ftjob.ft; 0: never)
+# Set by the local launcher (ftjob-trainer launch) only
+ENV_RUN_DIR = "FTJOB_RUN_DIR"  # where each group's rank 0 appends its run records (ftjob.ft.records)
+ENV_MIN_STEP_SECONDS = "FTJOB_MIN_STEP_SECONDS"  # pad every step to this long: stands in for a bigger model
+# torch.distributed's own names, for the ranks inside one group
+ENV_RANK = "RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+
+# --- Env vars the lighthouse reads (flags override) -------------------------------------------------------------
+ENV_LIGHTHOUSE_BIND = "FTJOB_LIGHTHOUSE_BIND"  # host:port to listen on
+ENV_JOIN_TIMEOUT_S = "FTJOB_JOIN_TIMEOUT_S"
+ENV_HEARTBEAT_TIMEOUT_S = "FTJOB_HEARTBEAT_TIMEOUT_S"
+ENV_LIGHTHOUSE_STATE_FILE = "FTJOB_LIGHTHOUSE_STATE_FILE"  # optional: persisted quorum id and committed step
+
+# --- Lighthouse API paths ---------------------------------------------------------------------------------------
+PATH_QUORUM = "/v1/quorum"
+PATH_HEARTBEAT = "/v1/heartbeat"
+PATH_EVICT = "/v1/membership/evict"
+PATH_STARTING = "/v1/membership/starting"
+PATH_DESIRED = "/v1/membership/desired"
+PATH_STATUS = "/v1/status"
+PATH_METRICS = "/metrics"
+PATH_HEALTH = "/healthz"
+PATH_WATCH = "/v1/watch"  # WebSocket: heartbeats up, abort signals down; closing it drops the group
+# Per-rank recovery server (ftjob.ft.recovery): a healing rank i copies model/optimizer state from rank i of a peer
+PATH_RECOVERY = "/v1/recovery"  # GET {PATH_RECOVERY}/{step}/manifest (JSON), {PATH_RECOVERY}/{step}/chunk/{i} (bytes)
+
+# Secret key holding the job's lighthouse token
+TOKEN_SECRET_KEY = "token"
+
+
+def read_token(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
+    """The job's bearer token from FTJOB_TOKEN or the file FTJOB_TOKEN_FILE names; '' when neither is set."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_TOKEN):
+        return env[ENV_TOKEN].strip()
+    path = env.get(ENV_TOKEN_FILE)
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    return ""
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """What a worker pod learns from its environment (see the ENV_* names above)."""
+
+    job_name: str
+    namespace: str
+    lighthouse_url: str
+    token: str
+    replica_group: str
+    replicas: int
+    min_replicas: int
+    advertise_addr: str
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> WorkerEnv:
+        env = dict(os.environ if environ is None else environ)
+        return cls(
+            job_name=env.get(ENV_JOB_NAME, "local"),
+            namespace=env.get(ENV_NAMESPACE, "default"),
+            lighthouse_url=env.get(ENV_LIGHTHOUSE_URL, f"http://127.0.0.1:{LIGHTHOUSE_PORT}"),
+            token=read_token(env),
+            replica_group=env.get(ENV_REPLICA_GROUP, "0"),
+            replicas=int(env.get(ENV_REPLICAS, "1")),
+            min_replicas=int(env.get(ENV_MIN_REPLICAS, "1")),
+            advertise_addr=env.get(ENV_ADVERTISE_ADDR, "127.0.0.1"),
+            rank=int(env.get(ENV_RANK, "0")),
+            world_size=int(env.get(ENV_WORLD_SIZE, "1")),
+            master_addr=env.get(ENV_MASTER_ADDR, "127.0.0.1"),
+            master_port=int(env.get(ENV_MASTER_PORT, str(GROUP_MASTER_PORT))),
+        )

@@ -1,0 +1,237 @@
+"""The lighthouse HTTP/WebSocket API as typed messages: one pydantic model per request and per answer.
+
+The server validates every body against its request model and answers 400 with ``describe(error)`` when it does not
+fit; clients build requests from these models and read answers through them, never by string keys. Requests refuse
+unknown fields (a typo fails loudly); answers ignore them (an older client keeps working against a newer server).
+
+  POST /v1/quorum               QuorumRequest -> QuorumResponse (long-polls; 504 ErrorResponse on timeout)
+  POST /v1/heartbeat            HeartbeatRequest -> HeartbeatResponse
+  POST /v1/membership/evict     EvictRequest -> EvictResponse (drops groups at once, bans their incarnation)
+  POST /v1/membership/starting  StartingRequest -> StartingResponse (joiners the quorum may wait for)
+  POST /v1/membership/desired   DesiredRequest -> DesiredResponse (contributing groups; extra live ones are spares)
+  GET  /v1/status               StatusResponse
+  GET  /v1/watch?WatchQuery     WebSocket, one per rank: WatchHeartbeat up (rank 0's count), AbortSignal down
+  any refusal                   ErrorResponse with a 4xx/5xx status
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+Count = Annotated[int, Field(ge=0)]
+
+
+class Request(BaseModel):
+    """A message a client sends: strict types (no "3" for 3, no true for 1), unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Answer(BaseModel):
+    """A message the server sends: strict types, unknown fields ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+def describe(error: ValidationError) -> str:
+    """One line naming every field that does not fit and why, e.g. ``step: Input should be a valid integer``."""
+    parts = []
+    for e in error.errors(include_url=False):
+        where = ".".join(str(p) for p in e["loc"]) or "body"
+        got = "" if e["type"] in ("missing", "json_invalid") or not e["loc"] else f" (got {e['input']!r:.60})"
+        parts.append(f"{where}: {e['msg']}{got}")
+    return f"invalid {error.title}: " + "; ".join(parts)
+
+
+# --- quorum ---------------------------------------------------------------------------------------------------
+class QuorumRequest(Request):
+    """Rank 0 of a group asks for this step's quorum (its other ranks learn the answer inside the group)."""
+
+    group: NonEmpty
+    incarnation: NonEmpty  # unique per process start: a restarted group is a new member
+    step: Count  # the group's committed step
+    quorum_id: int  # the last quorum id this group saw, -1 at start
+    address: NonEmpty  # "<ip>:<port>" of rank 0's recovery server
+    store_address: NonEmpty  # "<ip>:<port>" of rank 0's TCPStore for the cross-group process group
+    commit_failures: Count = 0  # failed commits since the last quorum: forces a new quorum id
+    world_size: Annotated[int, Field(ge=1)] = 1  # ranks in the group
+    timeout_s: Annotated[float, Field(gt=0)] = 60.0  # long-poll bound
+    addresses: list[NonEmpty] | None = None  # per rank (rank i pairs with rank i of a peer)
+    store_addresses: list[NonEmpty] | None = None
+    want_members: bool = False  # the member list in the answer (O(groups): off by default)
+    heal_seconds: Annotated[float, Field(ge=0)] | None = None  # this group's last live recovery, for metrics
+    fresh: bool = False  # started from scratch and not yet synced: at step 0 it copies a peer's state first
+
+    @model_validator(mode="after")
+    def _one_address_per_rank(self) -> QuorumRequest:
+        for name in ("addresses", "store_addresses"):
+            value = getattr(self, name)
+            if value is not None and len(value) != self.world_size:
+                raise ValueError(f"{name} must list one address per rank ({self.world_size}), got {value}")
+        return self
+
+    def rank_addresses(self) -> list[str]:
+        return list(self.addresses or [self.address])
+
+    def rank_store_addresses(self) -> list[str]:
+        return list(self.store_addresses or [self.store_address])
+
+
+class RecoverySource(Answer):
+    """The group a healing group copies its state from (rank i from ``addresses[i]``)."""
+
+    group: str
+    address: str
+    addresses: list[str]
+    step: int
+
+
+class QuorumMember(Answer):
+    group: str
+    step: int
+    address: str
+    store_address: str
+    contributing: bool
+
+
+class QuorumResponse(Answer):
+    """This step's quorum as one group sees it."""
+
+    quorum_id: int
+    max_step: int  # the step this quorum trains; groups behind it heal first
+    replica_rank: int  # this group's place among the members (its rank in the cross-group process group)
+    replica_world_size: int
+    contributing: bool  # False: a spare or a healing group (sends zero gradients, is not counted)
+    contributor_rank: int  # index among the contributors (data shard), -1 when not contributing
+    num_contributors: int  # gradient divisor / number of data shards this step
+    heal: bool
+    recover_from: RecoverySource | None = None
+    store_address: str  # where the cross-group process group meets (rank 0's store; per rank below)
+    store_addresses: list[str]
+    store_prefix: str
+    serve_recovery: bool = False  # a healer copies from this group this step: publish a snapshot
+    abort_below: int  # in-flight quorums with a lower id must abort their collectives
+    members: list[QuorumMember] | None = None  # only with want_members
+
+
+# --- heartbeats and the watch socket ----------------------------------------------------------------------------
+class HeartbeatRequest(Request):
+    group: NonEmpty
+    incarnation: NonEmpty
+    step: Count
+    rank: Count = 0  # only rank 0's heartbeats count
+    finished: bool = False  # this group trained its last step
+    param_digest: str | None = None  # sha256 of its final parameters (with finished)
+
+
+class HeartbeatResponse(Answer):
+    ok: bool
+    quorum_id: int
+    abort_below: int
+
+
+class WatchQuery(BaseModel):
+    """Query parameters of ``GET /v1/watch`` (strings on the wire, hence not strict)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    group: NonEmpty
+    incarnation: NonEmpty
+    rank: Count = 0
+
+
+class WatchHeartbeat(Request):
+    """One heartbeat text frame a rank sends on its watch socket."""
+
+    step: Count
+    finished: bool = False
+    param_digest: str | None = None
+
+
+class AbortSignal(Answer):
+    """Pushed on every watch socket when the in-flight quorum must abort (a member was dropped)."""
+
+    quorum_id: int
+    abort_below: int
+
+
+# --- the operator's membership API ------------------------------------------------------------------------------
+class EvictRequest(Request):
+    groups: list[NonEmpty]
+    reason: str = "operator"
+
+
+class EvictResponse(Answer):
+    evicted: list[str]
+    abort_below: int
+
+
+class StartingRequest(Request):
+    groups: list[NonEmpty]
+
+
+class StartingResponse(Answer):
+    starting: list[str]
+
+
+class DesiredRequest(Request):
+    replicas: Annotated[int, Field(ge=1)]
+
+
+class DesiredResponse(Answer):
+    replicas: int
+
+
+# --- status -----------------------------------------------------------------------------------------------------
+class MemberStatus(Answer):
+    group: str
+    incarnation: str
+    step: int
+    address: str
+    last_heartbeat_age_s: float
+    in_quorum: bool
+    asking: bool
+    healing: bool
+    contributing: bool
+    finished: bool
+    param_digest: str | None = None
+
+
+class DroppedEvent(Answer):
+    event: Literal["dropped"] = "dropped"
+    time: float
+    group: str
+    reason: str  # "heartbeat_timeout", "disconnected", "restarted" or "evicted: <why>"
+
+
+class QuorumEvent(Answer):
+    event: Literal["quorum"] = "quorum"
+    time: float
+    quorum_id: int
+    groups: list[str]
+    step: int
+
+
+HistoryEvent = Annotated[DroppedEvent | QuorumEvent, Field(discriminator="event")]
+
+
+class StatusResponse(Answer):
+    quorum_id: int
+    max_step: int  # the highest step any quorum started from: the job's committed step
+    abort_below: int
+    min_replicas: int
+    desired_replicas: int | None = None
+    quorum_groups: list[str]  # members of the last quorum
+    members: list[MemberStatus]
+    starting: list[str]
+    blocked_reason: str
+    history: list[HistoryEvent]
+
+
+class ErrorResponse(Answer):
+    """Every refusal of an ftjob HTTP server (lighthouse, recovery): what is wrong and how to fix it. A refused request
+    changes nothing."""
+
+    error: str

@@ -1,0 +1,64 @@
+"""ftjob's fault-tolerance library: what a training loop imports to survive replica-group failures.
+
+A plain DDP script becomes fault tolerant by changing its setup lines only::
+
+    import ftjob.ft as ft
+
+    ft.init()                                                    # was: dist.init_process_group()
+    model = ft.DistributedDataParallel(Net())                    # was: DistributedDataParallel(Net())
+    optimizer = ft.Optimizer(torch.optim.AdamW(model.parameters()))
+    scheduler = ft.LRScheduler(StepLR(optimizer, step_size=100))
+    loader = ft.DataLoader(dataset, batch_size=32)               # was: DataLoader(..., sampler=DistributedSampler)
+
+    for x, y in loader:                                          # the loop itself is unchanged
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+
+Spares and healing groups need no code of their own; ``register_state`` adds your own state to what healing copies
+and checkpoints hold. ``Manager`` is the lower-level step protocol the wrappers drive (see ftjob.gpt for a loop
+written on it).
+"""
+
+from ftjob.ft.data import DataLoader
+from ftjob.ft.ddp import DistributedDataParallel
+from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
+from ftjob.ft.manager import InitialSyncError, Manager, ManagerConfig, QuorumInfo, QuorumUnavailable
+from ftjob.ft.optim import GradScaler, LRScheduler, Optimizer
+from ftjob.ft.session import Session, SessionConfig
+from ftjob.ft.setup import current_session, init
+from ftjob.ft.sharding import MicroBatch, StepShard, step_shard
+from ftjob.ft.state_check import StateDictError
+
+
+def register_state(name: str, obj: object = None, **callables: object) -> None:
+    """Adds your own state to what healing copies and checkpoints hold (see Session.register_state)."""
+    current_session().register_state(name, obj, **callables)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "DataLoader",
+    "DistributedDataParallel",
+    "EvictedError",
+    "GradScaler",
+    "InitialSyncError",
+    "LRScheduler",
+    "LighthouseError",
+    "Manager",
+    "ManagerConfig",
+    "MicroBatch",
+    "Optimizer",
+    "QuorumInfo",
+    "QuorumUnavailable",
+    "Session",
+    "SessionConfig",
+    "StateDictError",
+    "StepShard",
+    "current_session",
+    "init",
+    "register_state",
+    "step_shard",
+]

@@ -1,0 +1,45 @@
+"""Digests that prove replicas bitwise equal: groups compare them at the end of a run (run records, lighthouse)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+import torch
+from ftjob.ft.recovery_codec import local_part
+from torch import nn
+
+
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Name -> full parameter tensor (CPU), name-sorted. Sharded (DTensor) parameters are gathered: with FSDP2
+    ``full_tensor()`` is a collective, so every rank of the group must call this together."""
+    out = {}
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        t = p.detach()
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        out[name] = t.cpu().contiguous()
+    return out
+
+
+def digest_of(params: dict[str, torch.Tensor]) -> str:
+    """sha256 over each tensor's name and raw bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def model_digest(model: nn.Module) -> str:
+    """The replica-identity digest: sha256 over every parameter's bytes (full tensors), name-sorted. A collective
+    for sharded models."""
+    return digest_of(full_params(model))
+
+
+def local_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """sha256 over the bytes of the tensors (local shards for DTensors): no collective."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(local_part(t).detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

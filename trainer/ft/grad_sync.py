@@ -1,0 +1,122 @@
+"""The cross-group gradient average of one rank: bucketed all-reduces over the quorum's process group, started during
+the backward pass when the parameters are registered (one rank per group), held back while gradients accumulate.
+
+Every group issues the same collectives in the same order (grad_buckets plans the layout from the parameter list
+alone); a group that does not contribute this step (a spare, a failed step) sends zeros so its peers never wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from ftjob.ft.grad_buckets import BackwardLauncher, flatten, plan_buckets, unflatten_into
+from ftjob.ft.process_group import CollectiveError, CrossGroupPG
+from ftjob.ft.recovery_codec import local_part
+
+
+class GradientSync:
+    """Averages gradients in place over a step's contributors (the Manager drives it once per step)."""
+
+    def __init__(self, pg: CrossGroupPG, bucket_bytes: int, overlap: bool) -> None:
+        self._pg = pg
+        self._bucket_bytes = bucket_bytes
+        self._overlap = overlap  # False for sharded groups: FSDP2 reduces inside the group after the backward
+        self._layout: tuple[list[int], list[list[int]]] | None = None  # (param ids, buckets)
+        self.launcher: BackwardLauncher | None = None
+        self.weight = 1.0  # this step's gradient weight (ftjob.ft.sharding): 1.0 unless shares are uneven
+
+    def register(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Lets each bucket's all-reduce start from the backward pass (hooks on ``params``, which must be the list
+        later given to ``allreduce``)."""
+        if not self._overlap or self.launcher is not None:
+            return
+        params = [p for p in params if p.requires_grad]
+        self.launcher = BackwardLauncher(params, self._buckets(params))
+
+    def _buckets(self, params: list[torch.nn.Parameter]) -> list[list[int]]:
+        ids = [id(p) for p in params]
+        if self._layout is None or self._layout[0] != ids:
+            self._layout = (ids, plan_buckets(params, self._bucket_bytes))
+        return self._layout[1]
+
+    def arm(self, overlap_now: bool) -> None:
+        """At a step's start: overlap this step's all-reduce with its backward pass, or not (alone, failed, spare)."""
+        self.weight = 1.0
+        if self.launcher is None:
+            return
+        if overlap_now and self._pg.world > 1:
+            self.launcher.arm(self._pg.allreduce_start)
+        else:
+            self.launcher.disarm()
+
+    def set_weight(self, weight: float) -> None:
+        """Multiplies this group's gradients by ``weight`` before they are summed (set before the backward)."""
+        self.weight = weight
+        if self.launcher is not None:
+            self.launcher.weight = weight
+
+    def hold(self, held: bool) -> None:
+        """While held (gradient accumulation), backward passes only accumulate: no bucket starts."""
+        if self.launcher is not None:
+            self.launcher.held = held
+
+    def disarm(self) -> None:
+        if self.launcher is not None:
+            self.launcher.disarm()
+
+    def allreduce(
+        self,
+        params: list[torch.nn.Parameter],
+        num_contributors: int,
+        contributing: bool,
+        failed: bool,
+        should_abort: Callable[[], bool],
+    ) -> str | None:
+        """Sums the gradients across the quorum and divides by the contributors; returns why it failed, or None.
+
+        A group that does not contribute (a spare, a healing group) sends zeros and receives the average, so it
+        applies the same update as everyone; a step that already ``failed`` sends zeros so its peers are not left
+        waiting, and keeps nothing (it will not commit)."""
+        if self.launcher is not None and self.launcher.armed:
+            return self._finish_overlapped(params, num_contributors, should_abort)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [local_part(p.grad) for p in params]
+        buckets = self._buckets(params)
+        if contributing and not failed:
+            flats = [flatten([grads[i] for i in b]) for b in buckets]
+            if self.weight != 1.0:
+                for flat in flats:
+                    flat.mul_(self.weight)
+        else:
+            flats = [torch.zeros(sum(grads[i].numel() for i in b), dtype=grads[b[0]].dtype, device=grads[b[0]].device)
+                     for b in buckets]  # fmt: skip
+        try:
+            self._pg.allreduce_sum(flats, should_abort)
+        except CollectiveError as e:
+            return str(e)
+        if not failed:
+            for flat, b in zip(flats, buckets, strict=True):
+                unflatten_into(flat, [grads[i] for i in b], num_contributors)
+        return None
+
+    def _finish_overlapped(
+        self, params: list[torch.nn.Parameter], num_contributors: int, should_abort: Callable[[], bool]
+    ) -> str | None:
+        launcher = self.launcher
+        assert launcher is not None
+        if [id(p) for p in params] != [id(p) for p in launcher.params]:
+            raise RuntimeError("allreduce_gradients() got other parameters than register_params()")
+        flats, works, error = launcher.finish()
+        if error is not None:
+            self._pg.abandon(works)  # some buckets never started: the group is already retired
+            return str(error)
+        try:
+            self._pg.allreduce_wait(works, should_abort)
+        except CollectiveError as e:
+            return str(e)
+        for flat, b in zip(flats, launcher.buckets, strict=True):
+            unflatten_into(flat, [local_part(params[i].grad) for i in b], num_contributors)
+        return None

@@ -1,0 +1,351 @@
+"""The per-rank fault-tolerance manager: joins the lighthouse's quorum every step, heals from a peer when behind,
+averages gradients across the quorum's groups, and commits a step only when every rank of the group agrees.
+
+Step protocol (the lighthouse API is ftjob.contract.lighthouse_api):
+  start_quorum()          rank 0 asks the lighthouse; the group learns the answer; the cross-group process group is
+                          rebuilt only if the quorum id changed; a group behind max_step copies model, optimizer and
+                          data position from the named peer (rank i from rank i) and applies it on this thread. At
+                          step 0 a group that started from scratch copies one reference group's state the same way
+                          (``sync_at_start``), so no group trains from weights of its own.
+  allreduce_gradients()   grads summed across the quorum in flat buckets and divided by the contributors; a spare or
+                          healing group sends zeros and receives the average. Failures are recorded, never raised.
+                          With register_params() (one rank per group) the buckets' all-reduces already start
+                          during the backward pass; this call then only waits for them.
+  should_commit()         unanimous vote inside the group; the step counter moves only on a commit.
+  prefetch_quorum()       optional, after a commit: asks for the next step's quorum while the optimizer steps.
+Failures never block longer than ``collective_timeout_s``, and the lighthouse's abort signal (a member evicted,
+timed out or disconnected) wakes a pending collective at once.
+
+The state dict is checked when the Manager is built and whenever a snapshot is served: a state recovery cannot carry
+fails this group with StateDictError (saying which entry and why), never a peer that asked to heal from it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from ftjob.contract.lighthouse_api import QuorumRequest, QuorumResponse
+from ftjob.ft.grad_sync import GradientSync
+from ftjob.ft.lighthouse_client import EvictedError, LighthouseClient, LighthouseError
+from ftjob.ft.manager_group import InGroup
+from ftjob.ft.process_group import CollectiveError, CrossGroupPG
+from ftjob.ft.recovery import RecoveryError, RecoveryServer, fetch_state
+from ftjob.ft.recovery_codec import CodecError
+from ftjob.ft.state_check import StateDictError, check_state_dict
+from pydantic import BaseModel
+
+log = logging.getLogger("ftjob.manager")
+
+
+@dataclass
+class ManagerConfig:
+    """Where this rank sits and how patient it is. ``ftjob.ft.init`` fills it from the operator's environment."""
+
+    group: str  # replica group id ("0", "1", ...)
+    lighthouse_url: str
+    token: str
+    advertise_addr: str = "127.0.0.1"  # IP peers use to reach this rank's recovery server / store
+    rank: int = 0  # rank inside the group (torch.distributed default group when world_size > 1)
+    world_size: int = 1
+    min_replicas: int = 1
+    collective_timeout_s: float = 5.0  # bound on one cross-group collective
+    quorum_timeout_s: float = 60.0
+    recovery_port: int = 0  # 0 = ephemeral
+    store_port: int = 0  # 0 = ephemeral
+    device: str = "cpu"  # "cuda" -> NCCL across groups (with pinned-memory recovery staging), else gloo
+    heartbeat_interval_s: float = 0.1
+    bucket_bytes: int = 4 * 1024 * 1024  # gradient bucket size: one collective per bucket (the first is 1 MiB)
+    recovery_parallelism: int = 4  # concurrent chunk requests while healing
+    sync_at_start: bool = True  # at step 0, copy one reference group's state before training (else trust the seed)
+
+
+@dataclass(frozen=True)
+class QuorumInfo:
+    """This rank's view of the step it is about to train."""
+
+    quorum_id: int
+    step: int  # the step this quorum trains (== manager.step after any healing)
+    contributing: bool  # False for a spare or a healing group: it sends zero gradients and is not counted
+    contributor_rank: int  # index among contributing groups (for data sharding); -1 when not contributing
+    num_contributors: int  # gradient divisor / number of data shards this step
+    participants: int  # groups in the quorum (contributing or not)
+    healed: bool  # this call copied state from a peer
+
+
+class QuorumUnavailable(RuntimeError):
+    """No quorum within quorum_timeout_s (lighthouse unreachable or too few groups): the process should exit."""
+
+
+class InitialSyncError(RuntimeError):
+    """Copying the reference group's state at step 0 failed: this group exits (it would train its own weights)."""
+
+
+class _GroupAnswer(BaseModel):
+    """What rank 0 tells the other ranks of its group after asking the lighthouse."""
+
+    quorum: QuorumResponse | None = None
+    error: str | None = None
+    evicted: bool = False
+
+
+class Manager:
+    """One rank's side of the step protocol above. ``state_dict``/``load_state_dict`` give and take everything a
+    healing peer needs (model, optimizer, data position, ...); they are called on the training thread only."""
+
+    def __init__(
+        self,
+        cfg: ManagerConfig,
+        state_dict: Callable[[], dict[str, Any]],
+        load_state_dict: Callable[[dict[str, Any]], None],
+    ) -> None:
+        check_state_dict(state_dict(), f"group {cfg.group} rank {cfg.rank}")  # before joining: fail alone
+        self.cfg = cfg
+        self._state_dict = state_dict
+        self._load_state_dict = load_state_dict
+        self.step = 0
+        self.metrics: dict[str, float] = dict.fromkeys(
+            ("quorums", "pg_rebuilds", "heals", "heal_seconds", "commits", "failed_commits", "aborted_collectives"), 0
+        )
+        self.metrics["recovery_chunk_retries"] = 0
+        self.last_error: str | None = None  # why the last step failed (for logs)
+        self._group = InGroup(cfg.rank, cfg.world_size)
+        self._pg = CrossGroupPG(cfg.rank, cfg.advertise_addr, cfg.store_port, cfg.device, cfg.collective_timeout_s)
+        self._grads = GradientSync(self._pg, cfg.bucket_bytes, overlap=cfg.world_size == 1)
+        self._recovery = RecoveryServer(cfg.token, cfg.advertise_addr, cfg.recovery_port)
+        endpoints = self._group.all_gather_json([self._recovery.address, self._pg.store_address])
+        self._addresses = [e[0] for e in endpoints]
+        self._store_addresses = [e[1] for e in endpoints]
+        self.incarnation = self._group.broadcast_json(uuid.uuid4().hex[:16])
+        self._client = LighthouseClient(
+            cfg.lighthouse_url,
+            cfg.token,
+            cfg.group,
+            self.incarnation,
+            rank=cfg.rank,
+            heartbeat_interval_s=cfg.heartbeat_interval_s,
+            on_abort=self._on_abort,
+        ).start()
+        self._fresh = cfg.sync_at_start  # not yet synced with the job (only matters while step == 0)
+        self._quorum_id = -1  # last quorum id seen (reported so a restarted lighthouse keeps ids increasing)
+        self._inflight: int | None = None  # quorum id of the step in progress
+        self._info: QuorumInfo | None = None
+        self._step_error: str | None = None
+        self._commit_failures = 0
+        self._last_heal_s: float | None = None
+        self._prefetched: concurrent.futures.Future[QuorumResponse] | None = None  # next step's quorum request
+
+    def register_params(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Lets the all-reduce of each gradient bucket start during the backward pass (hooks on ``params``, which
+        must be the list later given to allreduce_gradients). A no-op for sharded groups (world_size > 1): FSDP2
+        reduces inside the group only after the backward."""
+        self._grads.register(params)
+
+    def set_gradient_weight(self, weight: float) -> None:
+        """This step's weight of this group's gradients in the average (uneven shares of a fixed global batch:
+        ftjob.ft.sharding); call after start_quorum(), before the backward pass."""
+        self._grads.set_weight(weight)
+
+    def hold_gradient_sync(self, held: bool) -> None:
+        """While held, backward passes only accumulate gradients (no bucket starts): gradient accumulation."""
+        self._grads.hold(held)
+
+    # --- abort signal ------------------------------------------------------------------------------------------
+    def _should_abort(self) -> bool:
+        return self._inflight is not None and self._inflight < self._client.abort_below
+
+    def _on_abort(self, _abort_below: int) -> None:  # lighthouse client thread
+        if self._should_abort():
+            self._pg.interrupt()
+
+    # --- step protocol -----------------------------------------------------------------------------------------
+    def _quorum_request(self) -> QuorumRequest:
+        return QuorumRequest(
+            group=self.cfg.group,
+            incarnation=self.incarnation,
+            step=self.step,
+            quorum_id=self._quorum_id,
+            commit_failures=self._commit_failures,
+            address=self._addresses[0],
+            store_address=self._store_addresses[0],
+            addresses=self._addresses,
+            store_addresses=self._store_addresses,
+            world_size=self.cfg.world_size,
+            heal_seconds=self._last_heal_s,
+            fresh=self._fresh and self.step == 0,
+        )
+
+    def prefetch_quorum(self) -> None:
+        """Sends the next step's quorum request now (right after a commit), so its round-trip overlaps the
+        optimizer step instead of opening the next step; start_quorum() then collects the answer."""
+        if self.cfg.rank == 0 and self._prefetched is None:
+            self._prefetched = self._client.quorum_async(self._quorum_request(), self.cfg.quorum_timeout_s)
+
+    def _ask_lighthouse(self) -> _GroupAnswer:
+        if self.cfg.rank != 0:
+            return _GroupAnswer()
+        pending, self._prefetched = self._prefetched, None
+        try:
+            if pending is not None:
+                answer = pending.result(self.cfg.quorum_timeout_s + 10)
+            else:
+                answer = self._client.quorum(self._quorum_request(), self.cfg.quorum_timeout_s)
+            self._last_heal_s = None
+            return _GroupAnswer(quorum=answer)
+        except EvictedError as e:
+            return _GroupAnswer(error=str(e), evicted=True)
+        except (LighthouseError, TimeoutError) as e:
+            return _GroupAnswer(error=str(e))
+
+    def start_quorum(self) -> QuorumInfo:
+        """Joins this step's quorum; heals first if behind. Raises EvictedError / QuorumUnavailable (exit),
+        StateDictError (this group's state cannot be served to a healing peer), InitialSyncError."""
+        self._step_error = None
+        answer = _GroupAnswer.model_validate(self._group.broadcast_json(self._ask_lighthouse().model_dump(mode="json")))
+        if answer.quorum is None:
+            if answer.evicted:
+                raise EvictedError(410, answer.error or "evicted")
+            raise QuorumUnavailable(f"group {self.cfg.group}: {answer.error}")
+        q = answer.quorum
+        self._quorum_id = self._inflight = q.quorum_id
+        self.metrics["quorums"] += 1
+        if q.serve_recovery:  # a healer copies from us: snapshot now, at the step boundary; served aside
+            self._publish()
+        try:
+            rebuilt = self._pg.configure(
+                q.quorum_id,
+                q.store_addresses[self.cfg.rank],
+                q.store_prefix,
+                q.replica_rank,
+                q.replica_world_size,
+                self._should_abort,
+            )
+            self.metrics["pg_rebuilds"] += int(rebuilt)
+        except CollectiveError as e:
+            self._fail(str(e))
+        healed = self._heal(q) if q.heal else False
+        if not q.heal or healed:
+            self._fresh = False  # the reference of a step-0 sync, a synced copy, or simply past step 0
+        # The lighthouse counts a healer as a contributor only when it heals to the step it trains (the step-0
+        # sync); it has the state before its forward pass. A group behind is never a contributor.
+        self._info = QuorumInfo(
+            quorum_id=q.quorum_id,
+            step=self.step,
+            contributing=q.contributing,
+            contributor_rank=q.contributor_rank if q.contributing else -1,
+            num_contributors=q.num_contributors,
+            participants=q.replica_world_size,
+            healed=healed,
+        )
+        self._grads.arm(q.contributing and self._step_error is None and self._pg.quorum_id == self._inflight)
+        return self._info
+
+    def _publish(self) -> None:
+        try:
+            self._recovery.publish(self.step, self._state_dict())
+        except CodecError as e:  # the state changed since it was checked: this group is broken, not its peer
+            raise StateDictError(
+                f"group {self.cfg.group} rank {self.cfg.rank}: state_dict() can no longer be sent to a healing "
+                f"peer: {e}"
+            ) from None
+
+    def _heal(self, q: QuorumResponse) -> bool:
+        source = q.recover_from
+        assert source is not None
+        address = source.addresses[self.cfg.rank]
+        start = time.monotonic()
+        error = None
+        try:
+            state, stats = fetch_state(
+                address,
+                q.max_step,
+                self.cfg.token,
+                template=self._state_dict(),
+                device=self.cfg.device,
+                parallel=self.cfg.recovery_parallelism,
+                timeout_s=self.cfg.quorum_timeout_s,
+            )
+            self.metrics["recovery_chunk_retries"] += stats.retries
+            self._load_state_dict(state)  # on the caller's (training) thread, at the step boundary
+        except (RecoveryError, CodecError, KeyError, RuntimeError, ValueError) as e:
+            error = f"healing from group {source.group} at {address} failed: {e}"
+        if not self._group.all_true(error is None):  # every rank healed, or the group stays at its old step
+            why = error or "another rank of this group failed to heal"
+            if q.contributing:  # a step-0 sync: training on this group's own weights would split the job
+                raise InitialSyncError(f"group {self.cfg.group}: copying the reference state at step 0: {why}")
+            self._fail(why)
+            return False
+        self.step = q.max_step
+        self._client.step = self.step
+        self._last_heal_s = time.monotonic() - start
+        self.metrics["heals"] += 1
+        self.metrics["heal_seconds"] += self._last_heal_s
+        log.info(
+            "group %s rank %d healed to step %d in %.3fs", self.cfg.group, self.cfg.rank, self.step, self._last_heal_s
+        )
+        return True
+
+    def _fail(self, why: str) -> None:
+        if self._step_error is None:
+            self._step_error = why
+            log.warning("group %s rank %d step %d fails: %s", self.cfg.group, self.cfg.rank, self.step, why)
+
+    def allreduce_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Averages the gradients in place over the contributors (zeros from non-contributors)."""
+        params = [p for p in params if p.requires_grad]
+        info = self._info
+        if info is None:
+            raise RuntimeError("allreduce_gradients() called before start_quorum() for this step")
+        if self._step_error is not None and self._pg.quorum_id != self._inflight:
+            return  # no process group for this quorum: nothing to take part in
+        # A step that already failed (e.g. its heal) still takes part, sending zeros, so its peers are not left
+        # waiting for a collective timeout; its own result is discarded by should_commit().
+        error = self._grads.allreduce(
+            params, info.num_contributors, info.contributing, self._step_error is not None, self._should_abort
+        )
+        if error is not None:
+            self.metrics["aborted_collectives"] += 1
+            self._fail(error)
+
+    def should_commit(self) -> bool:
+        """Unanimous vote of the group's ranks; True -> the caller steps the optimizer, and ``step`` moves on."""
+        ok = self._info is not None and self._step_error is None
+        if ok and self._info is not None and self._info.participants < self.cfg.min_replicas:
+            self._fail(f"only {self._info.participants} groups in the quorum, min_replicas is {self.cfg.min_replicas}")
+            ok = False
+        ok = self._group.all_true(ok)
+        if ok:
+            self.step += 1
+            self._commit_failures = 0
+            self.metrics["commits"] += 1
+        else:
+            self._commit_failures += 1
+            self.metrics["failed_commits"] += 1
+            self.last_error = self._step_error or "another rank of this group could not commit"
+        self._client.step = self.step
+        self._info = None
+        self._inflight = None
+        self._grads.disarm()
+        return ok
+
+    def check_state(self) -> None:
+        """Checks the current state dict again (after it changed shape); StateDictError names what is wrong."""
+        check_state_dict(self._state_dict(), f"group {self.cfg.group} rank {self.cfg.rank}")
+
+    def report_finished(self, param_digest: str) -> None:
+        """Tells the lighthouse this group trained its last step, with a digest of its parameters."""
+        if self.cfg.rank == 0:
+            self._client.heartbeat(self.step, finished=True, param_digest=param_digest)
+
+    def shutdown(self) -> None:
+        if self._prefetched is not None:
+            self._prefetched.cancel()  # the lighthouse then forgets the request (its connection closes)
+        self._client.close()
+        self._recovery.close()
+        self._pg.close()

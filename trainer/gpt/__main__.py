@@ -1,0 +1,7 @@
+"""``python -m ftjob.gpt [flags]`` == ``ftjob-trainer train [flags]``."""
+
+import sys
+
+from ftjob.cli import main
+
+sys.exit(main(["train", *sys.argv[1:]]))

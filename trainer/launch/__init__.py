@@ -1,0 +1,2 @@
+"""The local launcher (``ftjob-trainer launch``): a lighthouse plus N replica groups as local processes running any
+training command, with fault injection, and a report checked from the groups' run records."""

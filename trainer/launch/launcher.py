@@ -1,0 +1,232 @@
+"""``ftjob-trainer launch``: a lighthouse plus N groups x M ranks as local processes on loopback, with faults.
+
+Every rank runs the training command (the reference GPT trainer unless one follows ``--``) with the environment the
+operator gives pods (ftjob.contract), plus ``FTJOB_RUN_DIR`` for its run records. The launcher restarts a dead group
+after ``--restart-delay`` and injects faults: ``--kill-at`` SIGKILLs a random live group when the job's committed step
+(the lighthouse's status) reaches each given step, ``--kill-every`` does so on a timer. It never kills below
+``--min-replicas`` live groups (the kill waits), so the job keeps committing. At the end it checks the groups' records
+(equal final parameters, every sample trained once) and writes ``--report`` / ``--timeline``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import secrets
+import signal
+import time
+from typing import Any
+
+from ftjob import contract
+from ftjob.ft.records import read_run_dir
+from ftjob.launch.config import LaunchConfig, config_from_args, reference_trainer_command
+from ftjob.launch.procs import GroupProcs, free_port, start_group, start_lighthouse
+from ftjob.launch.report import LaunchEvents, LaunchReport, build_report, rejoin_marks
+from ftjob.launch.run_records import group_timeline
+from ftjob.launch.status import LighthouseStatus, LiveProgress
+
+
+class Launcher:
+    """Runs one local job to the end; ``run()`` returns its report."""
+
+    def __init__(self, cfg: LaunchConfig) -> None:
+        self.cfg = cfg
+        self.groups = [str(i) for i in range(cfg.replicas + cfg.spares)]
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.rng = random.Random(cfg.seed)
+        self.running: dict[str, GroupProcs] = {}
+        self.restart_at: dict[str, float] = {}
+        self.finished: set[str] = set()
+        self.generation = dict.fromkeys(self.groups, 0)
+        self.events = LaunchEvents(t0=time.time(), restarts=dict.fromkeys(self.groups, 0))
+        self.status = LighthouseStatus(self.url, self.token)
+        self.progress = LiveProgress(cfg.run_dir)
+
+    def _env(self) -> dict[str, str]:
+        c = self.cfg
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FTJOB_")}
+        env.update(
+            {
+                contract.ENV_LIGHTHOUSE_URL: self.url,
+                contract.ENV_TOKEN: self.token,
+                contract.ENV_REPLICAS: str(c.replicas),
+                contract.ENV_MIN_REPLICAS: str(c.min_replicas),
+                contract.ENV_JOB_NAME: "local",
+                contract.ENV_RUN_DIR: str(c.run_dir),
+                contract.ENV_MIN_STEP_SECONDS: str(c.min_step_seconds),
+            }
+        )
+        if c.checkpoint_every and c.command:  # the reference trainer gets them as flags
+            env[contract.ENV_CHECKPOINT_DIR] = str(c.run_dir / "checkpoints")
+            env[contract.ENV_CHECKPOINT_EVERY] = str(c.checkpoint_every)
+        return env
+
+    def _start(self, group: str) -> None:
+        c = self.cfg
+        command = c.command or reference_trainer_command(c)
+        self.running[group] = start_group(
+            group, self.generation[group], c.pods_per_replica, command, self._env(), c.run_dir / "logs"
+        )
+        self.generation[group] += 1
+        self.progress.mark_started(group)
+
+    def _kill(self, group: str) -> None:
+        self.running.pop(group).kill()
+        self.events.kills.append((time.time(), group))
+        self.restart_at[group] = time.monotonic() + self.cfg.restart_delay
+        print(f"[launch] SIGKILL group {group}", flush=True)
+
+    def _live(self) -> list[str]:
+        return sorted(self.running)
+
+    def _pick_victim(self) -> str | None:
+        """A random running group, only if the rest still reach --min-replicas (else the kill waits)."""
+        live = [g for g in self._live() if g not in self.finished]
+        healthy = [g for g in live if self.progress.contributing_since_start(g)]
+        if len(healthy) - 1 < self.cfg.min_replicas:
+            return None
+        return self.rng.choice(healthy)
+
+    def _reap(self) -> None:
+        for group, gp in list(self.running.items()):
+            if gp.failed():
+                codes = gp.exit_codes()
+                gp.kill()
+                del self.running[group]
+                self.events.crashes.append((time.time(), group, codes))
+                if sum(1 for _, g, _ in self.events.crashes if g == group) > self.cfg.max_crashes:
+                    raise RuntimeError(
+                        f"group {group} exited unexpectedly more than --max-crashes {self.cfg.max_crashes} times "
+                        f"(last exit codes {codes}); see {self.cfg.run_dir / 'logs'}"
+                    )
+                self.restart_at[group] = time.monotonic() + self.cfg.restart_delay
+                print(
+                    f"[launch] group {group} exited unexpectedly {codes}; restarting in "
+                    f"{self.cfg.restart_delay}s (see {self.cfg.run_dir / 'logs'})",
+                    flush=True,
+                )
+            elif gp.all_exited():
+                gp.close_logs()
+                del self.running[group]
+                self.finished.add(group)
+                print(f"[launch] group {group} finished", flush=True)
+
+    def _restart_due(self) -> None:
+        for group, at in list(self.restart_at.items()):
+            if time.monotonic() >= at:
+                del self.restart_at[group]
+                if self.finished and not self.running:
+                    continue  # nobody left to heal from: a restart now could never rejoin
+                self.events.restarts[group] += 1
+                self._start(group)
+                print(f"[launch] restarted group {group} (generation {self.generation[group] - 1})", flush=True)
+
+    def _give_up_stranded(self) -> None:
+        """Groups restarted too late: every other group finished and exited, so no quorum can ever form for them."""
+        if not self.finished:
+            return
+        stranded = [g for g in self.running if not self.progress.contributing_since_start(g)]
+        if len(self.finished) + len(stranded) == len(self.groups):
+            for g in stranded:
+                self.running.pop(g).kill()
+                self.events.stranded.append(g)
+                print(f"[launch] group {g} restarted after the others finished: nobody left to heal from", flush=True)
+
+    def run(self) -> LaunchReport:
+        c = self.cfg
+        # SIGTERM (e.g. a test timeout) must still reach the finally below that kills every child.
+        previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+        c.run_dir.mkdir(parents=True, exist_ok=True)
+        lh_env = {**self._env(), contract.ENV_LIGHTHOUSE_BIND: f"127.0.0.1:{self.port}"}
+        lh_proc, lh_log = start_lighthouse(
+            [f"--bind=127.0.0.1:{self.port}", f"--min-replicas={c.min_replicas}", f"--replicas={c.replicas}"],
+            lh_env,
+            c.run_dir / "logs" / "lighthouse.log",
+        )
+        pending_kills = list(c.kill_at)
+        next_timed_kill = time.monotonic() + c.kill_every if c.kill_every else None
+        deadline = time.monotonic() + c.timeout
+        try:
+            self.status.wait_healthy(deadline=time.monotonic() + 60, proc=lh_proc)
+            for g in self.groups:
+                self._start(g)
+            print(
+                f"[launch] lighthouse {self.url}; {len(self.groups)} groups x {c.pods_per_replica} ranks; "
+                f"run dir {c.run_dir}",
+                flush=True,
+            )
+            while len(self.finished) < len(self.groups):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"run did not finish within --timeout {c.timeout}s; logs in {c.run_dir}/logs")
+                if lh_proc.poll() is not None:
+                    raise RuntimeError(f"the lighthouse exited ({lh_proc.returncode}); see {c.run_dir}/logs")
+                self._reap()
+                self._restart_due()
+                self._give_up_stranded()
+                if not self.running and not self.restart_at:
+                    break  # everyone that could finish has
+                # Asked only while a kill waits for its step: polling the lighthouse's status every 50 ms costs CPU
+                # that the groups' training shares on a small machine.
+                step = self.status.committed_step(fallback=self.progress.max_step()) if pending_kills else 0
+                while pending_kills and step >= pending_kills[0] and (victim := self._pick_victim()):
+                    pending_kills.pop(0)
+                    self._kill(victim)
+                if next_timed_kill and time.monotonic() >= next_timed_kill and (victim := self._pick_victim()):
+                    self._kill(victim)
+                    next_timed_kill = time.monotonic() + (c.kill_every or 0)
+                self.progress.maybe_print(c.steps)
+                time.sleep(0.05)  # the poll interval of this supervision loop, not a synchronisation
+        finally:
+            # A second SIGTERM (e.g. `timeout` forwarding its own) must not cut this cleanup short.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for gp in self.running.values():
+                gp.kill()
+            lh_proc.kill()
+            lh_proc.wait()
+            lh_log.close()
+            signal.signal(signal.SIGTERM, previous_sigterm)  # the launcher may run inside a longer-lived process
+        report = build_report(c.run_dir, self.events, self.groups, time.time())
+        self._write_outputs(report)
+        return report
+
+    def _write_outputs(self, report: LaunchReport) -> None:
+        c = self.cfg
+        if c.report:
+            c.report.parent.mkdir(parents=True, exist_ok=True)
+            c.report.write_text(report.model_dump_json(indent=2) + "\n")
+            print(f"[launch] report: {c.report}", flush=True)
+        if c.timeline:
+            from ftjob.launch.timeline import plot_timeline  # matplotlib: only when a plot is asked for
+
+            records = read_run_dir(c.run_dir)
+            tls = [group_timeline(g, records.get(g, [])) for g in self.groups]
+            plot_timeline(
+                c.timeline,
+                tls,
+                self.events.t0,
+                self.events.kills,
+                rejoin_marks(report, self.events),
+                title=c.title,
+            )
+            print(f"[launch] timeline: {c.timeline}", flush=True)
+
+
+def _raise_interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(a: argparse.Namespace, command: list[str]) -> int:
+    cfg = config_from_args(a, command)
+    report = Launcher(cfg).run()
+    s = report.samples
+    print(
+        f"[launch] steps {report.steps_committed}, digests equal: {report.digests_equal}, samples "
+        f"committed {s.committed} dropped {s.dropped} duplicated {s.duplicated}, failures injected "
+        f"{report.failures_injected}, max survivor stall {report.survivor_stall_seconds_max:.2f}s, "
+        f"rejoin {report.rejoin_seconds}",
+        flush=True,
+    )
+    return 0 if report.ok else 1

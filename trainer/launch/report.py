@@ -1,0 +1,114 @@
+"""Turns a finished local run (the groups' records + the launcher's own kill/restart log) into the report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftjob.ft.records import StartRecord, read_run_dir
+from ftjob.launch.run_records import (
+    Coverage,
+    group_timeline,
+    median_step_seconds,
+    rejoin_seconds,
+    sample_coverage,
+    survivor_stall,
+)
+from pydantic import BaseModel
+
+
+@dataclass
+class LaunchEvents:
+    """What the launcher did and saw, with wall times."""
+
+    t0: float
+    kills: list[tuple[float, str]] = field(default_factory=list)  # injected SIGKILLs
+    crashes: list[tuple[float, str, list[int | None]]] = field(default_factory=list)  # exits nobody injected
+    restarts: dict[str, int] = field(default_factory=dict)
+    stranded: list[str] = field(default_factory=list)  # restarted after every other group had finished
+
+
+class GroupResult(BaseModel):
+    group: str
+    final_step: int
+    param_digest: str | None
+    restarts: int
+
+
+class UnexpectedExit(BaseModel):
+    t: float  # seconds since the launch
+    group: str
+    exit_codes: list[int | None]
+
+
+class LaunchReport(BaseModel):
+    """``ftjob-trainer launch --report``: what a local run did, and whether it kept its promises."""
+
+    steps_committed: int
+    groups: list[GroupResult]
+    digests_equal: bool  # every group ended with bitwise-equal parameters
+    failures_injected: int
+    stranded_groups: list[str]
+    unexpected_exits: list[UnexpectedExit]
+    survivor_stall_seconds_max: float
+    survivor_stall_seconds: list[float]
+    median_step_seconds: float | None
+    rejoin_seconds: list[float | None]  # per kill: until the victim contributed again (None: never)
+    samples: Coverage
+    corpus_digests_equal: bool
+    final_loss: float | None
+    wall_seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """Equal parameters everywhere and every sample trained exactly once."""
+        s = self.samples
+        return self.digests_equal and s.dropped == 0 and s.duplicated == 0
+
+
+def build_report(run_dir: Path, events: LaunchEvents, groups: list[str], t_end: float) -> LaunchReport:
+    records = read_run_dir(run_dir)
+    timelines = {g: group_timeline(g, records.get(g, [])) for g in groups}
+    rejoins: list[float | None] = []
+    stalls: list[float] = []
+    for t_kill, victim in sorted(events.kills):
+        rj = rejoin_seconds(timelines[victim], t_kill)
+        rejoins.append(rj)
+        survivors = [tl for g, tl in timelines.items() if g != victim]
+        stalls.append(survivor_stall(survivors, t_kill, t_kill + rj if rj is not None else t_end))
+    digests = [timelines[g].param_digest for g in groups]
+    corpus = {r.corpus_digest for recs in records.values() for r in recs if isinstance(r, StartRecord)}
+    losses = [tl.final_loss for tl in timelines.values() if tl.final_loss is not None]
+    return LaunchReport(
+        steps_committed=max((tl.final_step for tl in timelines.values()), default=0),
+        groups=[
+            GroupResult(
+                group=g,
+                final_step=timelines[g].final_step,
+                param_digest=timelines[g].param_digest,
+                restarts=events.restarts.get(g, 0),
+            )
+            for g in groups
+        ],
+        digests_equal=len(set(digests)) == 1 and None not in digests,
+        failures_injected=len(events.kills),
+        stranded_groups=events.stranded,
+        unexpected_exits=[UnexpectedExit(t=t - events.t0, group=g, exit_codes=c) for t, g, c in events.crashes],
+        survivor_stall_seconds_max=max(stalls, default=0.0),
+        survivor_stall_seconds=stalls,
+        median_step_seconds=median_step_seconds(list(timelines.values())),
+        rejoin_seconds=rejoins,
+        samples=sample_coverage(records),
+        corpus_digests_equal=len(corpus) <= 1,
+        final_loss=(sum(losses) / len(losses)) if losses else None,
+        wall_seconds=t_end - events.t0,
+    )
+
+
+def rejoin_marks(report: LaunchReport, events: LaunchEvents) -> list[tuple[float, str]]:
+    """(wall time, group) of each rejoin, for the timeline plot."""
+    marks = []
+    for (t_kill, victim), rj in zip(sorted(events.kills), report.rejoin_seconds, strict=False):
+        if rj is not None:
+            marks.append((t_kill + rj, victim))
+    return marks

@@ -1,0 +1,151 @@
+"""``ftjob-trainer lighthouse``: the per-job quorum service (see quorum for the rule, server for
+the API). Flags override the FTJOB_* environment variables the operator sets."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+from ftjob import contract
+from ftjob.lighthouse.quorum import QuorumCore
+from ftjob.lighthouse.server import LighthouseServer
+from ftjob.lighthouse.state import load_state
+
+log = logging.getLogger("ftjob.lighthouse")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    env = os.environ
+    p = argparse.ArgumentParser(
+        prog="ftjob-trainer lighthouse",
+        description="The per-step quorum service of one job. Every flag falls back to the environment variable named "
+        "in its help (the operator sets them), then to the default shown.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    a(
+        "--bind",
+        default=env.get(contract.ENV_LIGHTHOUSE_BIND, f"0.0.0.0:{contract.LIGHTHOUSE_PORT}"),
+        help=f"HOST:PORT to listen on (env {contract.ENV_LIGHTHOUSE_BIND}; port 0 picks a free one)",
+    )
+    a(
+        "--min-replicas",
+        type=int,
+        default=int(env.get(contract.ENV_MIN_REPLICAS, "1")),
+        help=f"groups a quorum needs; below it nothing commits (env {contract.ENV_MIN_REPLICAS})",
+    )
+    a(
+        "--replicas",
+        type=int,
+        default=int(env[contract.ENV_REPLICAS]) if env.get(contract.ENV_REPLICAS) else None,
+        help=f"groups that contribute; extra live groups are spares; None: every up-to-date group "
+        f"(env {contract.ENV_REPLICAS})",
+    )
+    a(
+        "--join-timeout",
+        type=float,
+        default=float(env.get(contract.ENV_JOIN_TIMEOUT_S, "1.0")),
+        help=f"seconds a quorum waits for live or starting groups that have not asked yet "
+        f"(env {contract.ENV_JOIN_TIMEOUT_S})",
+    )
+    a(
+        "--heartbeat-timeout",
+        type=float,
+        default=float(env.get(contract.ENV_HEARTBEAT_TIMEOUT_S, "5.0")),
+        help=f"seconds without a heartbeat before a group is dropped (env {contract.ENV_HEARTBEAT_TIMEOUT_S})",
+    )
+    a(
+        "--state-file",
+        default=env.get(contract.ENV_LIGHTHOUSE_STATE_FILE),
+        help=f"keeps the quorum id and committed step across restarts (env {contract.ENV_LIGHTHOUSE_STATE_FILE})",
+    )
+    a(
+        "--token-file",
+        default=env.get(contract.ENV_TOKEN_FILE),
+        help=f"file holding the job's bearer token (env {contract.ENV_TOKEN_FILE}, or the token itself in "
+        f"{contract.ENV_TOKEN})",
+    )
+    args = p.parse_args(argv)
+    host, sep, port = args.bind.rpartition(":")
+    if not sep or not port.isdigit():
+        p.error(f"--bind must be HOST:PORT (e.g. 0.0.0.0:{contract.LIGHTHOUSE_PORT}), got {args.bind!r}")
+    args.host, args.port = host or "0.0.0.0", int(port)
+    if args.min_replicas < 1:
+        p.error(f"--min-replicas must be >= 1, got {args.min_replicas}")
+    if args.join_timeout < 0 or args.heartbeat_timeout <= 0:
+        p.error("--join-timeout must be >= 0 and --heartbeat-timeout > 0")
+    if args.replicas is not None and args.replicas < 1:
+        p.error(f"--replicas must be >= 1, got {args.replicas}")
+    return args
+
+
+def read_token(token_file: str | None) -> str:
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            return f.read().strip()
+    return contract.read_token()
+
+
+def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
+    saved = load_state(args.state_file)
+    core = QuorumCore(
+        min_replicas=args.min_replicas,
+        join_timeout_s=args.join_timeout,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        quorum_id=saved.quorum_id,
+        committed_step=saved.committed_step,
+    )
+    if args.replicas is not None:
+        core.set_desired(args.replicas)
+    return LighthouseServer(core, token, state_file=args.state_file)
+
+
+async def serve(args: argparse.Namespace, token: str) -> None:
+    server = build_server(args, token)
+    runner = web.AppRunner(server.make_app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1] if args.port == 0 and site._server else args.port
+    print(
+        f"lighthouse listening on {args.host}:{port} (min_replicas={args.min_replicas}, "
+        f"quorum_id={server.core.quorum_id}, committed_step={server.core.committed_step})",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    try:
+        token = read_token(args.token_file)
+    except OSError as e:
+        print(f"error: cannot read the token file: {e}", file=sys.stderr)
+        return 2
+    if not token:
+        print(
+            f"error: no bearer token: set {contract.ENV_TOKEN}, {contract.ENV_TOKEN_FILE} or --token-file",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        asyncio.run(serve(args, token))
+    except ValueError as e:  # unreadable state file
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

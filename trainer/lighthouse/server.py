@@ -1,0 +1,318 @@
+"""The lighthouse's HTTP/WebSocket front end (aiohttp): authentication, request validation, long-polled quorum
+requests, the operator's membership API, status, metrics and the per-rank watch sockets that push abort signals.
+
+All state lives in one QuorumCore driven from this event loop; a ticker re-evaluates it for heartbeat expiry and
+join timeouts. Every rejected request changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aiohttp import WSMsgType, web
+from ftjob import contract
+from ftjob.contract.lighthouse_api import (
+    AbortSignal,
+    Answer,
+    DesiredRequest,
+    DesiredResponse,
+    ErrorResponse,
+    EvictRequest,
+    EvictResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    QuorumMember,
+    QuorumRequest,
+    QuorumResponse,
+    Request,
+    StartingRequest,
+    StartingResponse,
+    WatchHeartbeat,
+    WatchQuery,
+    describe,
+)
+from ftjob.lighthouse.metrics import LighthouseMetrics
+from ftjob.lighthouse.quorum import Formed, QuorumCore, QuorumError
+from ftjob.lighthouse.state import PersistedState, save_state
+from pydantic import ValidationError
+
+log = logging.getLogger("ftjob.lighthouse")
+
+_KNOWN_PATHS = {
+    contract.PATH_QUORUM,
+    contract.PATH_HEARTBEAT,
+    contract.PATH_EVICT,
+    contract.PATH_STARTING,
+    contract.PATH_DESIRED,
+    contract.PATH_STATUS,
+    contract.PATH_METRICS,
+    contract.PATH_HEALTH,
+    contract.PATH_WATCH,
+}
+
+
+R = TypeVar("R", bound=Request)
+
+
+class BadRequest(QuorumError):
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message)
+
+
+def reply(answer: Answer, status: int = 200, exclude_none: bool = False) -> web.Response:
+    body = answer.model_dump_json(exclude_none=exclude_none)
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+def refuse(status: int, message: str) -> web.Response:
+    return reply(ErrorResponse(error=message), status)
+
+
+async def parse(request: web.Request, model: type[R]) -> R:
+    """The request body as ``model``; 400 naming every field that does not fit (nothing changes)."""
+    try:
+        return model.model_validate_json(await request.read())
+    except ValidationError as e:
+        raise BadRequest(describe(e)) from None
+
+
+class LighthouseServer:
+    def __init__(
+        self,
+        core: QuorumCore,
+        token: str,
+        state_file: str | None = None,
+        tick_s: float = 0.02,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not token:
+            raise ValueError(f"the lighthouse needs a bearer token: set {contract.ENV_TOKEN} or --token-file")
+        self.core = core
+        self.metrics = LighthouseMetrics()
+        self._token = token.encode()
+        self._state_file = state_file
+        self._tick_s = tick_s
+        self._clock = clock
+        self._waiters: dict[str, tuple[str, asyncio.Future[QuorumResponse]]] = {}
+        self._watchers: dict[str, set[tuple[str, web.WebSocketResponse]]] = {}
+        self._pushed_abort = core.abort_below
+        self._saved = PersistedState(quorum_id=core.quorum_id, committed_step=core.committed_step)
+        self._members_cache: tuple[int, list[QuorumMember]] | None = None
+        self._formations = 0
+        self._ticker: asyncio.Task[None] | None = None
+        self._sends: set[asyncio.Future[None]] = set()  # pushes in flight (kept referenced until done)
+
+    # --- app wiring ----------------------------------------------------------------------------------------------
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware], client_max_size=4 * 1024 * 1024)
+        app.router.add_post(contract.PATH_QUORUM, self._quorum)
+        app.router.add_post(contract.PATH_HEARTBEAT, self._heartbeat)
+        app.router.add_post(contract.PATH_EVICT, self._evict)
+        app.router.add_post(contract.PATH_STARTING, self._starting)
+        app.router.add_post(contract.PATH_DESIRED, self._desired)
+        app.router.add_get(contract.PATH_STATUS, self._status)
+        app.router.add_get(contract.PATH_METRICS, self._metrics)
+        app.router.add_get(contract.PATH_HEALTH, self._health)
+        app.router.add_get(contract.PATH_WATCH, self._watch)
+        app.on_startup.append(self._start_ticker)
+        app.on_cleanup.append(self._stop_ticker)
+        return app
+
+    async def _start_ticker(self, _app: web.Application) -> None:
+        self._ticker = asyncio.create_task(self._tick_forever())
+
+    async def _stop_ticker(self, _app: web.Application) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+        for sockets in list(self._watchers.values()):
+            for _inc, ws in list(sockets):
+                await ws.close()
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick_s)
+            try:
+                self._advance()
+            except Exception:  # keep serving: a bug in one tick must not stop liveness checks
+                log.exception("lighthouse tick failed")
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+        start = time.perf_counter()
+        path = request.path if request.path in _KNOWN_PATHS else "other"
+        try:
+            if request.path != contract.PATH_HEALTH:
+                header = request.headers.get("Authorization", "")
+                given = header[7:].encode() if header.startswith("Bearer ") else b""
+                if not hmac.compare_digest(given, self._token):
+                    why = "wrong bearer token" if given else "missing 'Authorization: Bearer <token>' header"
+                    return refuse(401, f"{why}: use the job's token")
+            return await handler(request)
+        except QuorumError as e:
+            return refuse(e.status, str(e))
+        except web.HTTPException as e:  # aiohttp's own refusals (404, 405, 413): the contract's JSON too
+            if e.status < 400:
+                raise
+            return refuse(e.status, f"{e.reason}: {request.method} {request.path}")
+        finally:
+            if path != contract.PATH_WATCH:
+                self.metrics.request_seconds.labels(path).observe(time.perf_counter() - start)
+
+    # --- state transitions ---------------------------------------------------------------------------------------
+    def _advance(self) -> None:
+        """Expire heartbeats, form the quorum if due, answer the waiters, push aborts, persist."""
+        now = self._clock()
+        self.core.sweep(now)
+        formed = self.core.poll(now)
+        if formed is not None:
+            self._issue(formed)
+        for group, reason in self.core.dropped_events:
+            self.metrics.evictions.labels(reason.split(":")[0]).inc()
+            waiter = self._waiters.pop(group, None)
+            if waiter and not waiter[1].done():
+                status = 410 if reason.startswith("evicted") else 409
+                waiter[1].set_exception(QuorumError(status, f"group {group!r} was dropped ({reason}); ask again"))
+        self.core.dropped_events.clear()
+        self.metrics.live_groups.set(len(self.core.members))
+        if self.core.abort_below != self._pushed_abort:
+            self._pushed_abort = self.core.abort_below
+            self._push(AbortSignal(quorum_id=self.core.quorum_id, abort_below=self.core.abort_below))
+        self._persist()
+
+    def _issue(self, formed: Formed) -> None:
+        self._formations += 1
+        self.metrics.quorums.inc()
+        self.metrics.quorum_size.set(len(formed.groups))
+        self.metrics.quorum_id.set(formed.quorum_id)
+        self.metrics.max_step.set(formed.max_step)
+        if formed.changed:
+            self.metrics.quorum_changes.inc()
+            log.info("quorum %d: %d groups at step %d", formed.quorum_id, len(formed.groups), formed.max_step)
+        if formed.heals:
+            self.metrics.heals.inc(formed.heals)
+        for group, body in formed.responses.items():
+            waiter = self._waiters.pop(group, None)
+            if waiter and not waiter[1].done():
+                waiter[1].set_result(body)
+
+    def _persist(self) -> None:
+        state = PersistedState(quorum_id=self.core.quorum_id, committed_step=self.core.committed_step)
+        if self._state_file and state != self._saved:
+            save_state(self._state_file, state)
+        self._saved = state
+
+    def _push(self, message: AbortSignal) -> None:
+        text = message.model_dump_json()
+        for sockets in self._watchers.values():
+            for _inc, ws in sockets:
+                if not ws.closed:
+                    send = asyncio.ensure_future(ws.send_str(text))
+                    self._sends.add(send)
+                    send.add_done_callback(self._sends.discard)
+
+    def _members(self) -> list[QuorumMember]:
+        if self._members_cache is None or self._members_cache[0] != self._formations:
+            self._members_cache = (self._formations, self.core.members_view())
+        return self._members_cache[1]
+
+    # --- handlers ------------------------------------------------------------------------------------------------
+    async def _quorum(self, request: web.Request) -> web.Response:
+        req = await parse(request, QuorumRequest)
+        group, incarnation = req.group, req.incarnation
+        self.core.request(req, self._clock())  # raises 410 for an evicted incarnation, before any change
+        if req.heal_seconds is not None:
+            self.metrics.heal_seconds.observe(req.heal_seconds)
+        old = self._waiters.pop(group, None)
+        if old and not old[1].done():
+            old[1].set_exception(QuorumError(409, f"superseded by a newer quorum request from group {group!r}"))
+        fut: asyncio.Future[QuorumResponse] = asyncio.get_running_loop().create_future()
+        self._waiters[group] = (incarnation, fut)
+        self._advance()
+        try:
+            answer = await asyncio.wait_for(asyncio.shield(fut), req.timeout_s)
+        except TimeoutError:
+            self._forget(group, incarnation, fut)
+            reason = self.core.blocked_reason or "quorum not formed yet"
+            return refuse(504, f"no quorum within {req.timeout_s}s ({reason}); retry")
+        except asyncio.CancelledError:  # the client went away: it will not hear this quorum
+            self._forget(group, incarnation, fut)
+            raise
+        if req.want_members:
+            answer = answer.model_copy(update={"members": self._members()})
+        return reply(answer, exclude_none=True)  # no members list unless asked for
+
+    def _forget(self, group: str, incarnation: str, fut: asyncio.Future[QuorumResponse]) -> None:
+        if self._waiters.get(group, (None, None))[1] is fut:
+            del self._waiters[group]
+            self.core.withdraw(group, incarnation)
+
+    async def _heartbeat(self, request: web.Request) -> web.Response:
+        beat = await parse(request, HeartbeatRequest)
+        if beat.rank == 0:
+            self.core.heartbeat(
+                beat.group, beat.incarnation, beat.step, self._clock(), finished=beat.finished, digest=beat.param_digest
+            )
+        return reply(HeartbeatResponse(ok=True, quorum_id=self.core.quorum_id, abort_below=self.core.abort_below))
+
+    async def _evict(self, request: web.Request) -> web.Response:
+        req = await parse(request, EvictRequest)
+        evicted = self.core.evict(req.groups, req.reason, self._clock())
+        self._advance()  # aborts the quorum in flight now and lets the survivors' pending quorum form
+        return reply(EvictResponse(evicted=evicted, abort_below=self.core.abort_below))
+
+    async def _starting(self, request: web.Request) -> web.Response:
+        req = await parse(request, StartingRequest)
+        self.core.mark_starting(req.groups, self._clock())
+        return reply(StartingResponse(starting=req.groups))
+
+    async def _desired(self, request: web.Request) -> web.Response:
+        req = await parse(request, DesiredRequest)
+        self.core.set_desired(req.replicas)
+        return reply(DesiredResponse(replicas=req.replicas))
+
+    async def _status(self, _request: web.Request) -> web.Response:
+        return reply(self.core.status(self._clock()))
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _watch(self, request: web.Request) -> web.WebSocketResponse:
+        try:
+            query = WatchQuery.model_validate(dict(request.query))
+        except ValidationError as e:
+            raise BadRequest(describe(e)) from None
+        group, incarnation, rank = query.group, query.incarnation, query.rank
+        if rank == 0:
+            self.core.heartbeat(group, incarnation, 0, self._clock())  # 410 if evicted, before the upgrade
+        ws = web.WebSocketResponse(heartbeat=None)
+        await ws.prepare(request)
+        entry = (incarnation, ws)
+        self._watchers.setdefault(group, set()).add(entry)
+        try:
+            hello = AbortSignal(quorum_id=self.core.quorum_id, abort_below=self.core.abort_below)
+            await ws.send_str(hello.model_dump_json())
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT or rank != 0:
+                    continue
+                try:
+                    beat = WatchHeartbeat.model_validate_json(msg.data)
+                    self.core.heartbeat(
+                        group, incarnation, beat.step, self._clock(), finished=beat.finished, digest=beat.param_digest
+                    )
+                except QuorumError as e:
+                    await ws.close(code=4000 + e.status, message=str(e)[:120].encode())
+                except ValidationError as e:  # a client bug: say why and hang up (it reconnects with fixed beats)
+                    await ws.close(code=4400, message=describe(e)[:120].encode())
+        finally:
+            self._watchers.get(group, set()).discard(entry)
+            if self.core.disconnected(group, incarnation, self._clock()):
+                self._advance()
+        return ws
