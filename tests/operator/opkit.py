@@ -88,7 +88,7 @@ class OperatorProc:
 
     def health(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
-            return StatusResponse.model_validate_json(r.read())
+            return json.loads(r.read())
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
