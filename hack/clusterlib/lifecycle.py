@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from clusterlib import cgroups, controlplane, dns, faults, images, mounts, netsetup, nodes, pki, procs, runtime
-from clusterlib.settings import Settings
+from clusterlib.settings import Settings, load
 
 
 def prepare(repo: Path) -> None:
@@ -23,7 +23,23 @@ def record_images(s: Settings, built: dict[str, images.Image]) -> None:
     path.write_text(json.dumps({name: img.as_dict() for name, img in built.items()}, indent=2) + "\n")
 
 
+def reclaim_abandoned(s: Settings, t0: float) -> None:
+    """Take down a clashing cluster whose control plane no longer runs: what a killed session or a reboot leaves
+    (its netns, bridge, mounts and state outlive its processes). One whose control plane runs is left alone."""
+    for root in mounts.clashing_clusters(s):
+        other = load(root)
+        if other is None or controlplane.running(other):
+            continue
+        print(
+            f"[cluster {time.monotonic() - t0:5.1f}s] the cluster in {root} was abandoned (its control plane is "
+            "not running) and uses the same names: taking it down first",
+            flush=True,
+        )
+        down(other, t0)
+
+
 def up(s: Settings, t0: float) -> None:
+    reclaim_abandoned(s, t0)
     mounts.refuse_clashing_cluster(s)
     s.save()
     built = images.build_all(s, t0)

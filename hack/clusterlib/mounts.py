@@ -115,8 +115,9 @@ def _registry() -> Iterator[dict]:
             REGISTRY.with_suffix(".lock").unlink(missing_ok=True)
 
 
-def refuse_clashing_cluster(s: Settings) -> None:
-    """Two clusters on one machine must differ in every name they share the host with (bridge, netns prefix)."""
+def clashing_clusters(s: Settings) -> list[Path]:
+    """Other clusters on this machine that share a host-wide name (bridge or netns prefix) with `s`."""
+    found = []
     with _registry() as reg:
         for root in reg["users"]:
             other = Path(root) / "cluster.json"
@@ -124,11 +125,18 @@ def refuse_clashing_cluster(s: Settings) -> None:
                 continue
             theirs = json.loads(other.read_text())
             if theirs.get("bridge") == s.bridge or theirs.get("netns_prefix") == s.netns_prefix:
-                raise SystemExit(
-                    f"error: the cluster in {root} uses the same bridge/netns names ({s.bridge}, {s.netns_prefix}); "
-                    "run `hack/cluster down` there first (FTJOB_CLUSTER_DIR selects it), or set FTJOB_BRIDGE, "
-                    "FTJOB_NETNS_PREFIX, FTJOB_SUBNET_PREFIX and FTJOB_PORT_OFFSET for a second cluster"
-                )
+                found.append(Path(root))
+    return found
+
+
+def refuse_clashing_cluster(s: Settings) -> None:
+    """Two clusters on one machine must differ in every name they share the host with (bridge, netns prefix)."""
+    for root in clashing_clusters(s):
+        raise SystemExit(
+            f"error: the cluster in {root} uses the same bridge/netns names ({s.bridge}, {s.netns_prefix}); "
+            "run `hack/cluster down` there first (FTJOB_CLUSTER_DIR selects it), or set FTJOB_BRIDGE, "
+            "FTJOB_NETNS_PREFIX, FTJOB_SUBNET_PREFIX and FTJOB_PORT_OFFSET for a second cluster"
+        )
 
 
 def acquire_host_paths(s: Settings) -> None:

@@ -147,3 +147,31 @@ def test_down_leaves_no_process_mount_cgroup_netns_link_or_state(short_dir: Path
     registry = Path("/run/ftjob-cluster-hostpaths.json")
     users = json.loads(registry.read_text())["users"] if registry.exists() else []
     assert str(state) not in users, "down must release the kubelet host paths it shared"
+
+
+@pytest.mark.slow
+def test_up_takes_down_an_abandoned_cluster_with_the_same_names(short_dir: Path) -> None:
+    """A session that ends has its processes killed, but its netns, bridge, mounts and state stay. The next `up`
+    with the same names (CI's own cluster, say) takes that dead cluster down instead of refusing to start."""
+    abandoned, fresh = short_dir / "abandoned", short_dir / "fresh"
+    try:
+        cluster("up", env=_env(abandoned))
+        for pid in _tracked_pids(abandoned):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        gone = lambda: not any(_start_ticks(p) for p in _tracked_pids(abandoned))  # noqa: E731
+        wait_for(gone, 30, "the cluster's processes to die")
+        assert f"{PREFIX}-node-1" in _netns() and abandoned.exists(), "a killed cluster leaves its netns and state"
+        proc = cluster("up", env=_env(fresh), check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "was abandoned" in proc.stdout, proc.stdout
+        assert not abandoned.exists(), "the abandoned cluster's state must be gone"
+        nodes = kubectl(fresh / "kubeconfig", "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").stdout
+        assert nodes.strip(), "the new cluster must have its node"
+    finally:
+        for state in (fresh, abandoned):
+            if state.exists():
+                cluster("down", env=_env(state), check=False)
+    assert _netns() == [] and _links() == [], f"left behind: {_netns()} {_links()}"
