@@ -19,6 +19,7 @@ from ftjob.operator.model import (
 
 # Failure reasons (also the keys of status.restartsByReason and the metrics' `reason` label)
 REASON_EXIT_CODE = "ExitCode"
+REASON_OOM_KILLED = "OOMKilled"  # a container exceeded its memory limit (the kernel's OOM killer, exit 137)
 REASON_EVICTED = "Evicted"
 REASON_NODE_LOST = "NodeLost"
 REASON_POD_DELETED = "PodDeleted"
@@ -71,6 +72,13 @@ def detect_failure(
                 continue
             code = pod.exit_code if pod.exit_code is not None else -1
             action = policy.action_for_exit(pod.exit_container or "", code) if policy else ACTION_RESTART_GROUP
+            if pod.exit_reason == "OOMKilled":
+                msg = (
+                    f"pod {pod.name} container {pod.exit_container} was OOMKilled (exit {code}): it went over its "
+                    "memory limit; raise resources.limits.memory or use less memory per rank"
+                )
+                failures.append(_fail(REASON_OOM_KILLED, msg, pod, action))
+                continue
             failures.append(
                 _fail(REASON_EXIT_CODE, f"pod {pod.name} container {pod.exit_container} exited {code}", pod, action)
             )

@@ -174,6 +174,7 @@ class PodView:
     reason: str  # status.reason, e.g. "Evicted"
     exit_code: int | None  # first non-zero terminated exit code (0 when all exited cleanly)
     exit_container: str | None
+    exit_reason: str = ""  # that container's termination reason, e.g. "OOMKilled", "Error"
     owner_uid: str | None = None  # the controlling job's uid: a recreated job never adopts its predecessor's pods
 
     @property
@@ -185,13 +186,14 @@ class PodView:
         labels = meta.get("labels") or {}
         exit_code: int | None = None
         exit_container: str | None = None
+        exit_reason = ""
         for cs in status.get("containerStatuses") or []:
             term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
             if term is None:
                 continue
             code = int(term.get("exitCode", 0))
             if exit_code is None or (exit_code == 0 and code != 0):
-                exit_code, exit_container = code, cs.get("name")
+                exit_code, exit_container, exit_reason = code, cs.get("name"), term.get("reason") or ""
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         deletion = meta.get("deletionTimestamp")
         owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
@@ -210,6 +212,7 @@ class PodView:
             reason=status.get("reason") or "",
             exit_code=exit_code,
             exit_container=exit_container,
+            exit_reason=exit_reason,
             owner_uid=owner,
         )
 

@@ -36,6 +36,7 @@ def pod(
     deletion_time: float | None = None,
     reason: str = "",
     exit_code: int | None = None,
+    exit_reason: str = "",
 ) -> PodView:
     return PodView(
         name=name,
@@ -52,6 +53,7 @@ def pod(
         reason=reason,
         exit_code=exit_code,
         exit_container="trainer" if exit_code is not None else None,
+        exit_reason=exit_reason,
     )
 
 

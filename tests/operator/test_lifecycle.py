@@ -109,6 +109,22 @@ def test_budget_exhausted_fails_the_job_with_a_clear_reason(kube, namespace, ope
     kubectl(kube.kubeconfig, "wait", "--for=condition=Failed", "ftj/bx", "-n", namespace, "--timeout=5s")
 
 
+def test_container_over_its_memory_limit_is_reported_as_oomkilled(kube, namespace, operators):
+    """The real kernel OOM killer under the node's memory cgroup: the operator names it in status and an Event."""
+    operators()
+    hog = ["python", "-c", "import time; b = bytearray(400 * 2**20); time.sleep(60)"]
+    manifest = job_manifest("oom", command=hog, replicas=1, failurePolicy={"maxRestartsPerGroup": 1})
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"limits": {"memory": "128Mi"}, "requests": {"memory": "128Mi"}}
+    create_job(kube.custom, namespace, manifest)
+    job = wait_for(lambda: (j := get_job(kube.custom, namespace, "oom")) and condition(j, "Failed") and j, 180,
+                   "condition Failed after the OOM kills")  # fmt: skip
+    assert job["status"]["restartsByReason"] == {"OOMKilled": 1}, job["status"]
+    assert "OOMKilled" in condition(job, "Failed")["message"], condition(job, "Failed")
+    events = kube.core.list_namespaced_event(namespace, field_selector="reason=GroupRestart").items
+    assert any("OOMKilled" in e.message and "memory limit" in e.message for e in events), [e.message for e in events]
+
+
 def test_scale_up_and_down_keeps_surviving_groups(kube, namespace, operators):
     operators()
     create_job(kube.custom, namespace, job_manifest("sc", replicas=2))

@@ -80,6 +80,16 @@ def test_failed_pod_restarts_only_its_group_with_eviction_first_and_new_generati
     assert [e.reason for e in a.events] == ["GroupRestart"]
 
 
+def test_oomkilled_container_is_its_own_failure_reason_with_a_message_that_says_what_to_do():
+    s = spec()
+    pods = healthy_job(s)
+    pods[pods.index(worker(2, 1))] = worker(2, 1, phase="Failed", exit_code=137, exit_reason="OOMKilled")
+    r = run(s, steady(s), pods)
+    assert r.state.restarts_by_reason == {"OOMKilled": 1}
+    assert "OOMKilled" in r.state.groups[2].last_failure and "memory limit" in r.state.groups[2].last_failure
+    assert [e.reason for e in r.actions.events] == ["GroupRestart"] and "OOMKilled" in r.actions.events[0].message
+
+
 def test_pod_on_lost_node_is_force_deleted_and_the_node_strictly_avoided():
     s = spec()
     state = steady(s)
