@@ -105,6 +105,9 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         {"name": contract.ENV_REPLICAS, "value": str(spec.replicas)},
         {"name": contract.ENV_MIN_REPLICAS, "value": str(spec.min_replicas)},
         _pod_ip_env(contract.ENV_ADVERTISE_ADDR),
+        # a pod has its own network namespace: the contract's fixed ports (NetworkPolicy can name them)
+        {"name": contract.ENV_RECOVERY_PORT, "value": str(contract.RECOVERY_PORT)},
+        {"name": contract.ENV_CROSS_GROUP_STORE_PORT, "value": str(contract.CROSS_GROUP_STORE_PORT)},
         {"name": contract.ENV_RANK, "value": str(rank)},
         {"name": contract.ENV_WORLD_SIZE, "value": str(spec.pods_per_replica)},
         {"name": contract.ENV_LOCAL_RANK, "value": "0"},
@@ -154,6 +157,7 @@ def lighthouse_pod(job: str, namespace: str, spec: JobSpec, generation: int) -> 
         {"name": contract.ENV_HEARTBEAT_TIMEOUT_S, "value": f"{lh.heartbeat_timeout_s:g}"},
         {"name": contract.ENV_MIN_REPLICAS, "value": str(spec.min_replicas)},
         {"name": contract.ENV_REPLICAS, "value": str(spec.replicas)},
+        {"name": contract.ENV_GROUPS, "value": str(spec.total_groups)},
         {"name": contract.ENV_JOB_NAME, "value": job},
         {"name": contract.ENV_NAMESPACE, "value": namespace},
         _token_env(job),

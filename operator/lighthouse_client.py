@@ -46,8 +46,10 @@ class LighthouseClient:
     async def starting(self, base: str, token: str, groups: list[int]) -> bool:
         return await self._post(base, token, contract.PATH_STARTING, StartingRequest(groups=[str(g) for g in groups]))
 
-    async def desired(self, base: str, token: str, replicas: int) -> bool:
-        return await self._post(base, token, contract.PATH_DESIRED, DesiredRequest(replicas=replicas))
+    async def desired(self, base: str, token: str, replicas: int, groups: int) -> bool:
+        """Contributors wanted, and the bound on group ids (every group the operator created is below it)."""
+        request = DesiredRequest(replicas=replicas, groups=groups)
+        return await self._post(base, token, contract.PATH_DESIRED, request)
 
     async def status(self, base: str, token: str) -> LighthouseView | None:
         try:

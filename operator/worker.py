@@ -64,7 +64,7 @@ class JobWorker:
         self.token: str | None = None
         self.services_ok: set[str] = set()
         self.pending_starting: set[int] = set()
-        self.desired_acked: tuple[str, int] | None = None
+        self.desired_acked: tuple[str, int, int] | None = None
         self.lh_view: LighthouseView | None = None
         self.lh_polled = 0.0
         self.lh_retry_at = 0.0
@@ -266,9 +266,9 @@ class JobWorker:
             return True  # a pod event woke us; do not hammer a lighthouse that is still starting
         self.lh_retry_at = time.monotonic() + RETRY_S
         retry = False
-        key = (base, spec.replicas)
+        key = (base, spec.replicas, spec.total_groups)
         if self.desired_acked != key:
-            ok = await self.lighthouse.desired(base, self.token, spec.replicas)
+            ok = await self.lighthouse.desired(base, self.token, spec.replicas, spec.total_groups)
             metrics.LIGHTHOUSE_CALLS.labels("desired", "ok" if ok else "error").inc()
             if ok:
                 self.desired_acked = key

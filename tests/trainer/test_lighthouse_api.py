@@ -120,6 +120,41 @@ def test_bad_requests_are_rejected_with_a_reason_and_change_nothing(lighthouse: 
     assert after.desired_replicas is None and after.history == []
 
 
+def test_only_the_jobs_own_group_ids_and_bounded_values_are_accepted(tmp_path: Path):
+    """With the job's token one can still not join a made-up group, send a 100 KB id or a negative step: each is
+    refused (4xx, the contract's JSON) and nothing is kept."""
+    lh = Lighthouse(tmp_path, "--min-replicas", "1", "--groups", "3", "--heartbeat-timeout", "30").start()
+    try:
+        refused = [
+            (contract.PATH_QUORUM, quorum_body("abc"), 400, "group: String should match pattern"),
+            (contract.PATH_QUORUM, quorum_body("3"), 403, "not one of this job's groups (0..2)"),
+            (contract.PATH_QUORUM, quorum_body("01"), 400, "group: String should match pattern"),
+            (contract.PATH_QUORUM, quorum_body("0", quorum_id=-5), 400, "quorum_id: Input should be greater"),
+            (contract.PATH_QUORUM, quorum_body("0", world_size=0), 400, "world_size: Input should be greater"),
+            (contract.PATH_QUORUM, quorum_body("0", address="a" * 100_000), 400, "address: String should have at most"),
+            (contract.PATH_HEARTBEAT, {"group": "7", "incarnation": "x", "step": 1}, 403, "not one of this job's"),
+            (contract.PATH_HEARTBEAT, {"group": "0", "incarnation": "x", "step": -5}, 400, "step: Input should be"),
+            (contract.PATH_HEARTBEAT, {"group": "g" * 100_000, "incarnation": "x", "step": 0}, 400, "group:"),
+            (contract.PATH_STARTING, {"groups": ["1", "99"]}, 403, "'99' is not one of this job's groups"),
+            (contract.PATH_EVICT, {"groups": ["5"]}, 403, "not one of this job's groups"),
+            (contract.PATH_DESIRED, {"replicas": 3, "groups": 2}, 400, "groups (2) must be >= replicas (3)"),
+        ]
+        for path, body, status, message in refused:
+            code, answer = lh.request("POST", path, body)
+            assert code == status and message in answer["error"], (path, str(body)[:80], code, answer)
+        status = lh.status()
+        assert status.members == [] and status.starting == [] and status.history == [], status
+        # the operator raises the bound when it scales up; the new group is then accepted
+        assert lh.request("POST", contract.PATH_DESIRED, {"replicas": 3, "groups": 5}) == (
+            200,
+            {"replicas": 3, "groups": 5},
+        )
+        code, _ = lh.request("POST", contract.PATH_HEARTBEAT, {"group": "4", "incarnation": "x", "step": 0})
+        assert code == 200 and [m.group for m in lh.status().members] == ["4"]
+    finally:
+        lh.kill()
+
+
 def test_quorum_status_metrics_and_evict_over_http(lighthouse: Lighthouse):
     for g in ("0", "1"):  # both live first, so the first asker waits (join timeout) for the other
         lighthouse.request("POST", contract.PATH_HEARTBEAT, {"group": g, "incarnation": f"inc-{g}", "step": 0})

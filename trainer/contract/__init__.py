@@ -56,6 +56,8 @@ ENV_QUORUM_TIMEOUT_S = "FTJOB_QUORUM_TIMEOUT_S"  # bound on one quorum request
 ENV_CHECKPOINT_EVERY = "FTJOB_CHECKPOINT_EVERY"  # durable checkpoint every N committed steps (ftjob.ft; 0: never)
 # Set by the local launcher (ftjob-trainer launch) only
 ENV_RUN_DIR = "FTJOB_RUN_DIR"  # where each group's rank 0 appends its run records (ftjob.ft.records)
+ENV_RECOVERY_PORT = "FTJOB_RECOVERY_PORT"  # the recovery server's port (pods: RECOVERY_PORT; unset: ephemeral)
+ENV_CROSS_GROUP_STORE_PORT = "FTJOB_STORE_PORT"  # the cross-group TCPStore's port (pods: CROSS_GROUP_STORE_PORT)
 ENV_MIN_STEP_SECONDS = "FTJOB_MIN_STEP_SECONDS"  # pad every step to this long: stands in for a bigger model
 # torch.distributed's own names, for the ranks inside one group
 ENV_RANK = "RANK"
@@ -68,6 +70,7 @@ ENV_MASTER_PORT = "MASTER_PORT"
 ENV_LIGHTHOUSE_BIND = "FTJOB_LIGHTHOUSE_BIND"  # host:port to listen on
 ENV_JOIN_TIMEOUT_S = "FTJOB_JOIN_TIMEOUT_S"
 ENV_HEARTBEAT_TIMEOUT_S = "FTJOB_HEARTBEAT_TIMEOUT_S"
+ENV_GROUPS = "FTJOB_GROUPS"  # group ids are 0..N-1 (replicas + spares); the lighthouse refuses any other
 ENV_LIGHTHOUSE_STATE_FILE = "FTJOB_LIGHTHOUSE_STATE_FILE"  # optional: persisted quorum id and committed step
 
 # --- Lighthouse API paths ---------------------------------------------------------------------------------------
@@ -115,6 +118,8 @@ class WorkerEnv:
     world_size: int
     master_addr: str
     master_port: int
+    recovery_port: int = 0  # 0: ephemeral (several groups on one host, as the local launcher runs them)
+    store_port: int = 0
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> WorkerEnv:
@@ -132,4 +137,6 @@ class WorkerEnv:
             world_size=int(env.get(ENV_WORLD_SIZE, "1")),
             master_addr=env.get(ENV_MASTER_ADDR, "127.0.0.1"),
             master_port=int(env.get(ENV_MASTER_PORT, str(GROUP_MASTER_PORT))),
+            recovery_port=int(env.get(ENV_RECOVERY_PORT) or 0),
+            store_port=int(env.get(ENV_CROSS_GROUP_STORE_PORT) or 0),
         )

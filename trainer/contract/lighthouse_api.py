@@ -20,8 +20,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
-NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 Count = Annotated[int, Field(ge=0)]
+# A replica group's id is its index in decimal ("0", "1", ...); the operator also bounds it (DesiredRequest.groups).
+GroupId = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,6})$")]
+Incarnation = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Address = Annotated[str, StringConstraints(min_length=1, max_length=262)]  # "<ip or DNS name>:<port>"
+Digest = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+MAX_RANKS = 65536  # ranks in one group: bounds every per-rank list a client may send
 
 
 class Request(BaseModel):
@@ -50,17 +55,17 @@ def describe(error: ValidationError) -> str:
 class QuorumRequest(Request):
     """Rank 0 of a group asks for this step's quorum (its other ranks learn the answer inside the group)."""
 
-    group: NonEmpty
-    incarnation: NonEmpty  # unique per process start: a restarted group is a new member
+    group: GroupId
+    incarnation: Incarnation  # unique per process start: a restarted group is a new member
     step: Count  # the group's committed step
-    quorum_id: int  # the last quorum id this group saw, -1 at start
-    address: NonEmpty  # "<ip>:<port>" of rank 0's recovery server
-    store_address: NonEmpty  # "<ip>:<port>" of rank 0's TCPStore for the cross-group process group
+    quorum_id: Annotated[int, Field(ge=-1)]  # the last quorum id this group saw, -1 at start
+    address: Address  # "<ip>:<port>" of rank 0's recovery server
+    store_address: Address  # "<ip>:<port>" of rank 0's TCPStore for the cross-group process group
     commit_failures: Count = 0  # failed commits since the last quorum: forces a new quorum id
-    world_size: Annotated[int, Field(ge=1)] = 1  # ranks in the group
-    timeout_s: Annotated[float, Field(gt=0)] = 60.0  # long-poll bound
-    addresses: list[NonEmpty] | None = None  # per rank (rank i pairs with rank i of a peer)
-    store_addresses: list[NonEmpty] | None = None
+    world_size: Annotated[int, Field(ge=1, le=MAX_RANKS)] = 1  # ranks in the group
+    timeout_s: Annotated[float, Field(gt=0, le=86400)] = 60.0  # long-poll bound
+    addresses: list[Address] | None = None  # per rank (rank i pairs with rank i of a peer)
+    store_addresses: list[Address] | None = None
     want_members: bool = False  # the member list in the answer (O(groups): off by default)
     heal_seconds: Annotated[float, Field(ge=0)] | None = None  # this group's last live recovery, for metrics
     fresh: bool = False  # started from scratch and not yet synced: at step 0 it copies a peer's state first
@@ -119,12 +124,12 @@ class QuorumResponse(Answer):
 
 # --- heartbeats and the watch socket ----------------------------------------------------------------------------
 class HeartbeatRequest(Request):
-    group: NonEmpty
-    incarnation: NonEmpty
+    group: GroupId
+    incarnation: Incarnation
     step: Count
-    rank: Count = 0  # only rank 0's heartbeats count
+    rank: Annotated[int, Field(ge=0, lt=MAX_RANKS)] = 0  # only rank 0's heartbeats count
     finished: bool = False  # this group trained its last step
-    param_digest: str | None = None  # sha256 of its final parameters (with finished)
+    param_digest: Digest | None = None  # sha256 of its final parameters (with finished)
 
 
 class HeartbeatResponse(Answer):
@@ -137,9 +142,9 @@ class WatchQuery(BaseModel):
     """Query parameters of ``GET /v1/watch`` (strings on the wire, hence not strict)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    group: NonEmpty
-    incarnation: NonEmpty
-    rank: Count = 0
+    group: GroupId
+    incarnation: Incarnation
+    rank: Annotated[int, Field(ge=0, lt=MAX_RANKS)] = 0
 
 
 class WatchHeartbeat(Request):
@@ -147,7 +152,7 @@ class WatchHeartbeat(Request):
 
     step: Count
     finished: bool = False
-    param_digest: str | None = None
+    param_digest: Digest | None = None
 
 
 class AbortSignal(Answer):
@@ -159,8 +164,8 @@ class AbortSignal(Answer):
 
 # --- the operator's membership API ------------------------------------------------------------------------------
 class EvictRequest(Request):
-    groups: list[NonEmpty]
-    reason: str = "operator"
+    groups: Annotated[list[GroupId], Field(max_length=MAX_RANKS)]
+    reason: Annotated[str, StringConstraints(max_length=512)] = "operator"
 
 
 class EvictResponse(Answer):
@@ -169,7 +174,7 @@ class EvictResponse(Answer):
 
 
 class StartingRequest(Request):
-    groups: list[NonEmpty]
+    groups: Annotated[list[GroupId], Field(max_length=MAX_RANKS)]
 
 
 class StartingResponse(Answer):
@@ -178,10 +183,20 @@ class StartingResponse(Answer):
 
 class DesiredRequest(Request):
     replicas: Annotated[int, Field(ge=1)]
+    # every group index the operator created is below this (replicas + spares, following scaling); the lighthouse
+    # then refuses any other group id with 403. None: no bound (a local run without an operator)
+    groups: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+
+    @model_validator(mode="after")
+    def _room_for_the_contributors(self) -> DesiredRequest:
+        if self.groups is not None and self.groups < self.replicas:
+            raise ValueError(f"groups ({self.groups}) must be >= replicas ({self.replicas})")
+        return self
 
 
 class DesiredResponse(Answer):
     replicas: int
+    groups: int | None = None
 
 
 # --- status -----------------------------------------------------------------------------------------------------

@@ -177,9 +177,12 @@ class LighthouseClient:
                 self.evicted = True
                 raise
             except LighthouseError as e:
-                if e.status not in (409, 504) and e.status < 500:
+                # 403: this group id is not declared yet (a scale-up the operator has not told a new lighthouse)
+                if e.status not in (403, 409, 504) and e.status < 500:
                     raise
                 last_error = str(e)
+                if e.status == 403:
+                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                 last_error = f"{type(e).__name__}: {e}"  # lighthouse down or restarting: retry
                 await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))

@@ -62,6 +62,8 @@ def init(
         lighthouse_url=env.lighthouse_url,
         token=env.token,
         advertise_addr=env.advertise_addr,
+        recovery_port=env.recovery_port,
+        store_port=env.store_port,
         rank=env.rank,
         world_size=env.world_size,
         min_replicas=env.min_replicas,

@@ -37,6 +37,8 @@ class TrainConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = contract.GROUP_MASTER_PORT
     advertise_addr: str = "127.0.0.1"
+    recovery_port: int = 0  # 0: ephemeral; pods get the contract's fixed ports through the env
+    store_port: int = 0
     device: str = "cpu"
     # fault tolerance
     lighthouse_url: str = f"http://127.0.0.1:{contract.LIGHTHOUSE_PORT}"
@@ -160,6 +162,8 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
         advertise_addr=pick(
             args.advertise_addr, w.advertise_addr if has_env[contract.ENV_ADVERTISE_ADDR] else None, d.advertise_addr
         ),
+        recovery_port=w.recovery_port,
+        store_port=w.store_port,
         device=pick(args.device, None, d.device),
         lighthouse_url=pick(args.lighthouse_url, w.lighthouse_url, d.lighthouse_url),
         token=pick(args.token, w.token or None, d.token),

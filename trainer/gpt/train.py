@@ -173,6 +173,8 @@ class Trainer:
                 lighthouse_url=cfg.lighthouse_url,
                 token=cfg.token,
                 advertise_addr=cfg.advertise_addr,
+                recovery_port=cfg.recovery_port,
+                store_port=cfg.store_port,
                 rank=cfg.rank,
                 world_size=cfg.world_size,
                 min_replicas=cfg.min_replicas,

@@ -47,6 +47,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"(env {contract.ENV_REPLICAS})",
     )
     a(
+        "--groups",
+        type=int,
+        default=int(env[contract.ENV_GROUPS]) if env.get(contract.ENV_GROUPS) else None,
+        help=f"replica group ids are 0..GROUPS-1 (replicas + spares) and any other is refused with 403; None: any "
+        f"decimal id (env {contract.ENV_GROUPS}; the operator sets it and updates it on scaling)",
+    )
+    a(
         "--join-timeout",
         type=float,
         default=float(env.get(contract.ENV_JOIN_TIMEOUT_S, "1.0")),
@@ -81,6 +88,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--join-timeout must be >= 0 and --heartbeat-timeout > 0")
     if args.replicas is not None and args.replicas < 1:
         p.error(f"--replicas must be >= 1, got {args.replicas}")
+    if args.groups is not None and args.groups < max(1, args.replicas or 1):
+        p.error(f"--groups must be >= 1 and >= --replicas, got {args.groups}")
     return args
 
 
@@ -101,7 +110,9 @@ def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
         committed_step=saved.committed_step,
     )
     if args.replicas is not None:
-        core.set_desired(args.replicas)
+        core.set_desired(args.replicas, args.groups)
+    elif args.groups is not None:
+        core.group_limit = args.groups
     return LighthouseServer(core, token, state_file=args.state_file)
 
 

@@ -96,6 +96,7 @@ class QuorumCore:
         self.committed_step = committed_step  # highest step any quorum started from: never go below it
         self.abort_below = 0  # in-flight quorums with an id below this must abort their collectives
         self.desired: int | None = None  # contributing groups wanted; None = every up-to-date member
+        self.group_limit: int | None = None  # group ids the operator created are below this; None = unbounded
         self.members: dict[str, Member] = {}
         self._by_seen: collections.OrderedDict[str, None] = collections.OrderedDict()  # oldest heartbeat first
         self._incarnations: dict[str, str] = {}  # every group ever seen -> its latest incarnation
@@ -120,8 +121,16 @@ class QuorumCore:
                 410, f"group {group!r} incarnation {incarnation!r} was evicted; restart the group's process to rejoin"
             )
 
+    def check_group(self, group: str) -> None:
+        """403 for a group id the operator did not create: a quorum never contains a made-up group."""
+        if self.group_limit is not None and int(group) >= self.group_limit:
+            raise QuorumError(
+                403, f"replica group {group!r} is not one of this job's groups (0..{self.group_limit - 1})"
+            )
+
     def _touch(self, group: str, incarnation: str, now: float) -> Member:
         """Registers a heartbeat; a new incarnation of a known group replaces the old one (which counts as lost)."""
+        self.check_group(group)
         self._check_banned(group, incarnation)
         member = self.members.get(group)
         if member is not None and member.incarnation != incarnation:
@@ -217,14 +226,23 @@ class QuorumCore:
         return evicted
 
     def mark_starting(self, groups: Iterable[str], now: float) -> None:
+        groups = list(groups)
+        for group in groups:
+            self.check_group(group)  # all or nothing: a refused request changes nothing
         for group in groups:
             if group not in self.members:
                 self._starting[group] = now + self.join_timeout_s
 
-    def set_desired(self, replicas: int) -> None:
+    def set_desired(self, replicas: int, groups: int | None = None) -> None:
+        """Contributors wanted, and (from the operator) how many group ids exist. Lowering the bound refuses the
+        removed groups' next requests; the operator evicts them itself when it scales down."""
         if replicas < 1:
             raise QuorumError(400, f"replicas must be >= 1, got {replicas}")
+        if groups is not None and groups < replicas:
+            raise QuorumError(400, f"groups ({groups}) must be >= replicas ({replicas})")
         self.desired = replicas
+        if groups is not None:
+            self.group_limit = groups
 
     # --- quorum --------------------------------------------------------------------------------------------------
     def withdraw(self, group: str, incarnation: str) -> None:

@@ -261,6 +261,8 @@ class LighthouseServer:
 
     async def _evict(self, request: web.Request) -> web.Response:
         req = await parse(request, EvictRequest)
+        for group in req.groups:
+            self.core.check_group(group)
         evicted = self.core.evict(req.groups, req.reason, self._clock())
         self._advance()  # aborts the quorum in flight now and lets the survivors' pending quorum form
         return reply(EvictResponse(evicted=evicted, abort_below=self.core.abort_below))
@@ -272,8 +274,8 @@ class LighthouseServer:
 
     async def _desired(self, request: web.Request) -> web.Response:
         req = await parse(request, DesiredRequest)
-        self.core.set_desired(req.replicas)
-        return reply(DesiredResponse(replicas=req.replicas))
+        self.core.set_desired(req.replicas, req.groups)
+        return reply(DesiredResponse(replicas=req.replicas, groups=self.core.group_limit))
 
     async def _status(self, _request: web.Request) -> web.Response:
         return reply(self.core.status(self._clock()))
