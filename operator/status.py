@@ -148,18 +148,28 @@ def _conditions(
     active = state.outcome is None and not state.suspended
     down = sorted(i for i, p in phases.items() if p != P.PHASE_RUNNING)
     recovering = sorted(i for i, g in state.groups.items() if g.failed_at is not None and active)
+    if state.outcome is not None:  # finished: say so, not "not running" (nothing is meant to run any more)
+        ended = f"JobEnded{state.outcome}"
+        running_c = (False, ended, f"the job {state.outcome.lower()}: no replica group runs any more")
+        degraded_c = (False, ended, f"the job {state.outcome.lower()}")
+    elif state.suspended:
+        running_c = (False, "JobSuspended", "spec.suspend is true: no replica group runs")
+        degraded_c = (False, "JobSuspended", "spec.suspend is true")
+    else:
+        running_c = (
+            running >= spec.min_replicas,
+            "QuorumPossible" if running >= spec.min_replicas else "NotEnoughGroups",
+            f"{running} of {spec.total_groups} replica groups running (minReplicas={spec.min_replicas})",
+        )
+        degraded_c = (
+            running < spec.replicas,
+            "GroupsDown" if running < spec.replicas else "AllGroupsUp",
+            f"replica groups not running: {down}" if down else "every replica group is running",
+        )
     want: dict[str, tuple[bool, str, str]] = {
         "Created": (True, "ResourcesCreated", "the lighthouse, Services and worker pods were created"),
-        "Running": (
-            active and running >= spec.min_replicas,
-            "QuorumPossible" if active and running >= spec.min_replicas else "NotEnoughGroups",
-            f"{running} of {spec.total_groups} replica groups running (minReplicas={spec.min_replicas})",
-        ),
-        "Degraded": (
-            active and running < spec.replicas,
-            "GroupsDown" if active and running < spec.replicas else "AllGroupsUp",
-            f"replica groups not running: {down}" if down else "every replica group is running",
-        ),
+        "Running": running_c,
+        "Degraded": degraded_c,
         "Recovering": (
             bool(recovering),
             "ReplacingGroups" if recovering else "NoRecovery",

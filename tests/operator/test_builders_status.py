@@ -151,6 +151,20 @@ def test_status_round_trips_the_operator_memory_and_shows_progress():
     }
 
 
+def test_conditions_of_a_finished_job_say_it_ended_not_that_groups_are_down():
+    s = spec()
+    state = plan(JOB, s, state_from_status(None), Observed(healthy_job(s), None, set(), NOW)).state
+    state.outcome, state.outcome_reason, state.outcome_message = "Succeeded", "AllGroupsFinished", "done"
+    phases = dict.fromkeys(state.groups, "Succeeded")
+    status = build_status(job=JOB, spec=s, state=state, phases=phases, pods=[], lighthouse=None, previous=None,
+                          generation=1, now=NOW)  # fmt: skip
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert status["phase"] == "Succeeded" and conds["Succeeded"]["status"] == "True"
+    for ctype in ("Running", "Degraded"):
+        assert conds[ctype]["status"] == "False" and conds[ctype]["reason"] == "JobEndedSucceeded", conds[ctype]
+        assert "not running" not in conds[ctype]["message"], conds[ctype]
+
+
 def test_spec_defaults_match_the_crd():
     s = JobSpec.from_dict({"template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}})
     assert (s.replicas, s.min_replicas, s.pods_per_replica, s.spare_replicas) == (1, 1, 1, 0)
