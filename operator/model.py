@@ -175,6 +175,10 @@ class PodView:
     exit_code: int | None  # first non-zero terminated exit code (0 when all exited cleanly)
     exit_container: str | None
     exit_reason: str = ""  # that container's termination reason, e.g. "OOMKilled", "Error"
+    waiting_reason: str = ""  # a container's waiting reason, e.g. "ImagePullBackOff", "CrashLoopBackOff"
+    waiting_message: str = ""
+    waiting_container: str = ""
+    unschedulable: str = ""  # the scheduler's message while PodScheduled is False (reason Unschedulable)
     owner_uid: str | None = None  # the controlling job's uid: a recreated job never adopts its predecessor's pods
 
     @property
@@ -194,7 +198,24 @@ class PodView:
             code = int(term.get("exitCode", 0))
             if exit_code is None or (exit_code == 0 and code != 0):
                 exit_code, exit_container, exit_reason = code, cs.get("name"), term.get("reason") or ""
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        waiting = next(
+            (
+                (cs.get("name") or "", w)
+                for cs in status.get("containerStatuses") or []
+                if (w := (cs.get("state") or {}).get("waiting")) and w.get("reason")
+            ),
+            ("", {}),
+        )
+        conditions = status.get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        unschedulable = next(
+            (
+                c.get("message") or "the scheduler found no node for it"
+                for c in conditions
+                if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+            ),
+            "",
+        )
         deletion = meta.get("deletionTimestamp")
         owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
         return cls(
@@ -213,6 +234,10 @@ class PodView:
             exit_code=exit_code,
             exit_container=exit_container,
             exit_reason=exit_reason,
+            waiting_reason=waiting[1].get("reason") or "",
+            waiting_message=waiting[1].get("message") or "",
+            waiting_container=waiting[0],
+            unschedulable=unschedulable,
             owner_uid=owner,
         )
 

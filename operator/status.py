@@ -21,6 +21,7 @@ from ftjob.operator.model import (
     format_time,
     parse_time,
 )
+from ftjob.operator.stuck import LIGHTHOUSE, Blocker, group_blocker, job_blocker
 
 CONDITION_TYPES = ("Created", "Running", "Degraded", "Recovering", "Suspended", "Succeeded", "Failed")
 
@@ -72,8 +73,11 @@ def build_status(
     previous: dict[str, Any] | None,
     generation: int | None,
     now: float,
+    create_refused: dict[int, str] | None = None,
 ) -> dict[str, Any]:
+    """`create_refused`: group -> the apiserver's message when it refused to create that group's pods."""
     lh_groups = lighthouse.groups if lighthouse else {}
+    blockers: dict[int, Blocker] = {}
     groups_out: list[dict[str, Any]] = []
     running = 0
     by_group: dict[int | None, list[PodView]] = {}
@@ -86,6 +90,11 @@ def build_status(
         phase = phases.get(idx, P.PHASE_PENDING)
         if phase == P.PHASE_RUNNING:
             running += 1
+        blocker = None
+        if phase != P.PHASE_RUNNING and state.outcome is None and not state.suspended:
+            blocker = group_blocker(mine, (create_refused or {}).get(idx, ""))
+        if blocker is not None:
+            blockers[idx] = blocker
         info = lh_groups.get(str(idx))
         contributing = info.contributing if info else None
         entry: dict[str, Any] = {
@@ -106,11 +115,18 @@ def build_status(
             "notBefore": format_time(g.not_before, precise=True) if g.not_before else None,
             "failedAt": format_time(g.failed_at, precise=True),
             "lastFailure": g.last_failure or None,
+            "waiting": blocker.line() if blocker else None,
             "allPodsSeen": g.all_pods_seen,
         }
         groups_out.append({k: v for k, v in entry.items() if v is not None})
 
-    conditions = _conditions(spec, state, phases, running, previous, generation, now)
+    if state.outcome is None and not state.suspended:
+        lighthouse_pods = [p for p in pods if p.role == contract.ROLE_LIGHTHOUSE and p.phase != "Running"]
+        lh_blocker = group_blocker(lighthouse_pods, (create_refused or {}).get(LIGHTHOUSE, ""))
+        if lh_blocker is not None:
+            blockers[LIGHTHOUSE] = lh_blocker
+    stuck = job_blocker(blockers)
+    conditions = _conditions(spec, state, phases, running, previous, generation, now, stuck)
     summary = next((c["type"] for c in reversed(conditions) if c["status"] == "True" and c["type"] != "Created"), None)
     status: dict[str, Any] = {
         "observedGeneration": generation,
@@ -129,6 +145,8 @@ def build_status(
         "completionTime": format_time(state.completion_time),
         "completingSince": format_time(state.completing_since),
     }
+    if stuck is not None:
+        status["reason"] = stuck.reason  # why it is stuck, in one word (a printer column of `kubectl get ftj`)
     if lighthouse is not None and lighthouse.quorum_id is not None:
         status["quorum"] = {"id": lighthouse.quorum_id, "size": lighthouse.quorum_size, "step": lighthouse.step}
     elif previous and previous.get("quorum"):
@@ -144,6 +162,7 @@ def _conditions(
     previous: dict[str, Any] | None,
     generation: int | None,
     now: float,
+    stuck: Blocker | None = None,
 ) -> list[dict[str, Any]]:
     active = state.outcome is None and not state.suspended
     down = sorted(i for i, p in phases.items() if p != P.PHASE_RUNNING)
@@ -166,6 +185,8 @@ def _conditions(
             "GroupsDown" if running < spec.replicas else "AllGroupsUp",
             f"replica groups not running: {down}" if down else "every replica group is running",
         )
+        if stuck is not None:  # the underlying reason, in the words of whoever refuses (scheduler, kubelet, API)
+            degraded_c = (True, stuck.reason, stuck.message)
     want: dict[str, tuple[bool, str, str]] = {
         "Created": (True, "ResourcesCreated", "the lighthouse, Services and worker pods were created"),
         "Running": running_c,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import JobSpec, JobState, PodView
 from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, Actions, Observed, Result, plan
 from ftjob.operator.status import build_status, state_from_status
+from ftjob.operator.stuck import LIGHTHOUSE, REASON_POD_CREATION_REFUSED
 from kubernetes.client.rest import ApiException
 
 log = logging.getLogger("ftjob.operator.worker")
@@ -65,6 +67,7 @@ class JobWorker:
         self.services_ok: set[str] = set()
         self.pending_starting: set[int] = set()
         self.desired_acked: tuple[str, int, int] | None = None
+        self.create_refused: dict[int, str] = {}  # group (or LIGHTHOUSE) -> why the apiserver refused its pod
         self.lh_view: LighthouseView | None = None
         self.lh_polled = 0.0
         self.lh_retry_at = 0.0
@@ -158,7 +161,7 @@ class JobWorker:
         self.state = result.state
         if a.persist_first:
             await self._write_status(spec, result, pods, force=True)
-        await self._apply_pods(spec, result)
+        refusals_changed = await self._apply_pods(spec, result)
         await self._apply_services(spec, a)
         if a.starting:
             self.pending_starting.update(a.starting)
@@ -170,7 +173,7 @@ class JobWorker:
             metrics.GROUP_RESTARTS.labels(reason).inc()
         for seconds in a.recovered:
             metrics.RECOVERY_SECONDS.observe(seconds)
-        status_wait = await self._write_status(spec, result, pods, force=False)
+        status_wait = await self._write_status(spec, result, pods, force=refusals_changed)
         if a.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished passed; deleting the job", self.namespace, self.name)
             await self.kube.delete_job(self.namespace, self.name)
@@ -182,7 +185,8 @@ class JobWorker:
             waits.append(RETRY_S)
         if result.state.outcome is None:
             waits.append(LIGHTHOUSE_POLL_S)
-        return max(0.0, min(w for w in waits if w is not None))
+        floor = ERROR_BACKOFF_S if self.create_refused else 0.0  # do not hammer an apiserver that refuses
+        return max(floor, min(w for w in waits if w is not None))
 
     def _event(self, type_: str, reason: str, message: str) -> None:
         task = asyncio.create_task(self.kube.post_event(self.body, type_, reason, message))
@@ -298,26 +302,43 @@ class JobWorker:
         kopf.append_owner_reference(obj, owner=self.body, controller=True, block_owner_deletion=True)
         return obj
 
-    async def _apply_pods(self, spec: JobSpec, result: Result) -> None:
+    async def _apply_pods(self, spec: JobSpec, result: Result) -> bool:
+        """Deletes and creates pods; True when the refusals of pod creations (quota, admission, an invalid template)
+        changed. A refusal is no crash: it becomes the group's status, the Degraded condition and an Event."""
         a, state = result.actions, result.state
-        jobs: list[Any] = []
-        for name, force in a.delete_pods:
-            self.deleting.add(name)
-            jobs.append(self.kube.delete_pod(self.namespace, name, force))
+        deletes = [self.kube.delete_pod(self.namespace, name, force) for name, force in a.delete_pods]
+        self.deleting.update(name for name, _ in a.delete_pods)
+        creates: list[tuple[int, Any]] = []
         for group, rank, generation in a.create_pods:
             g = state.groups[group]
             assert g.generation == generation
-            jobs.append(self.kube.create(self._owned(builders.worker_pod(self.name, self.namespace, spec, g, rank))))
+            pod = self._owned(builders.worker_pod(self.name, self.namespace, spec, g, rank))
+            creates.append((group, self.kube.create(pod)))
         if a.create_lighthouse is not None:
             manifest = builders.lighthouse_pod(self.name, self.namespace, spec, a.create_lighthouse)
-            jobs.append(self.kube.create(self._owned(manifest)))
-        if not jobs:
-            return
-        results = await asyncio.gather(*jobs, return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
+            creates.append((LIGHTHOUSE, self.kube.create(self._owned(manifest))))
+        if not deletes and not creates:
+            return False
+        results = await asyncio.gather(*deletes, *(job for _, job in creates), return_exceptions=True)
+        deleted, created = results[: len(deletes)], results[len(deletes) :]
+        before = dict(self.create_refused)
+        errors = [r for r in deleted if isinstance(r, BaseException)]
+        for (group, _), r in zip(creates, created, strict=True):
+            if isinstance(r, ApiException) and 400 <= r.status < 500 and r.status != 409:
+                self.create_refused[group] = _api_message(r)
+            elif isinstance(r, BaseException):
+                errors.append(r)
+            else:
+                self.create_refused.pop(group, None)
+        for group, message in self.create_refused.items():
+            if before.get(group) != message:
+                who = "the lighthouse" if group == LIGHTHOUSE else f"replica group {group}"
+                log.warning("%s/%s: the apiserver refused a pod of %s: %s", self.namespace, self.name, who, message)
+                self._event("Warning", "PodCreationRefused", f"the apiserver refused a pod of {who}: {message}")
         if errors:
-            self.deleting -= {n for (n, _), r in zip(a.delete_pods, results, strict=False) if isinstance(r, Exception)}
+            self.deleting -= {n for (n, _), r in zip(a.delete_pods, deleted, strict=True) if isinstance(r, Exception)}
             raise errors[0]
+        return self.create_refused != before
 
     async def _apply_services(self, spec: JobSpec, a: Actions) -> None:
         wanted = [builders.lighthouse_service(self.name, self.namespace)]
@@ -343,6 +364,7 @@ class JobWorker:
             previous=self.last_status,
             generation=self.body["metadata"].get("generation"),
             now=time.time(),
+            create_refused=dict(self.create_refused),
         )
         if status == self.last_status:
             return None
@@ -353,7 +375,21 @@ class JobWorker:
         for key in self.last_status or {}:
             patch.setdefault(key, None)  # a merge patch removes fields we no longer report
         await self.kube.patch_status(self.namespace, self.name, patch)
+        stuck = status.get("reason")
+        # newly stuck: say why once, as an Event (a refused creation already got its own, with the API's words)
+        if stuck and stuck != (self.last_status or {}).get("reason") and stuck != REASON_POD_CREATION_REFUSED:
+            degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+            self._event("Warning", stuck, degraded["message"])
         self.last_status = status
         self.last_status_write = time.monotonic()
         self.on_phase((self.namespace, self.name), status["phase"])
         return None
+
+
+def _api_message(e: ApiException) -> str:
+    """The apiserver's own sentence (its Status message), e.g. 'pods "x" is forbidden: exceeded quota: ...'."""
+    try:
+        message = json.loads(e.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{e.status} {e.reason}: {message or e.body or ''}".strip()

@@ -1,0 +1,77 @@
+"""Every stuck state says why, for real on the cluster: the scheduler's, the kubelet's and the apiserver's own words
+reach the job's Degraded condition, status.reason (a column of `kubectl get ftj`), the group's entry and an Event."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import kubectl, wait_for
+from kubernetes import client
+from opkit import condition, create_job, get_job, job_manifest
+
+pytestmark = pytest.mark.cluster
+
+
+def _stuck(kube, namespace: str, name: str, reason: str) -> dict:
+    def degraded_for_that_reason() -> dict | None:
+        job = get_job(kube.custom, namespace, name)
+        degraded = condition(job, "Degraded") if job else None
+        return job if degraded and degraded["reason"] == reason and job["status"].get("reason") == reason else None
+
+    return wait_for(degraded_for_that_reason, 120, f"Degraded with reason {reason}",
+                    describe=lambda: (get_job(kube.custom, namespace, name) or {}).get("status"))  # fmt: skip
+
+
+def _event_messages(kube, namespace: str, reason: str) -> list[str]:
+    return [e.message for e in kube.core.list_namespaced_event(namespace, field_selector=f"reason={reason}").items]
+
+
+def test_unschedulable_groups_show_the_schedulers_message(kube, namespace, operators):
+    operators()
+    manifest = job_manifest("gpus", replicas=2)
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 99}}
+    create_job(kube.custom, namespace, manifest)
+    job = _stuck(kube, namespace, "gpus", "Unschedulable")
+    message = condition(job, "Degraded")["message"]
+    assert "replica groups [0, 1] cannot start" in message and "Insufficient nvidia.com/gpu" in message, message
+    assert all("Insufficient nvidia.com/gpu" in g["waiting"] for g in job["status"]["replicaGroups"]), job["status"]
+    assert "Unschedulable" in kubectl(kube.kubeconfig, "get", "ftj", "gpus", "-n", namespace).stdout
+    wait_for(lambda: any("Insufficient nvidia.com/gpu" in m for m in _event_messages(kube, namespace, "Unschedulable")),
+             30, "an Unschedulable Event")  # fmt: skip
+
+
+def test_an_image_that_cannot_be_pulled_is_named_with_the_kubelets_reason(kube, namespace, operators):
+    operators()
+    manifest = job_manifest("pull", replicas=1)
+    manifest["spec"]["template"]["spec"]["containers"][0]["image"] = "ftjob.local/no-such-image:1"
+    create_job(kube.custom, namespace, manifest)
+
+    def pull_reason() -> str | None:
+        job = get_job(kube.custom, namespace, "pull")
+        reason = (job or {}).get("status", {}).get("reason")
+        return reason if reason in ("ErrImagePull", "ImagePullBackOff") else None
+
+    reason = wait_for(pull_reason, 120, "ErrImagePull or ImagePullBackOff in status.reason")
+    job = get_job(kube.custom, namespace, "pull")
+    assert "no-such-image" in condition(job, "Degraded")["message"], condition(job, "Degraded")
+    assert any("no-such-image" in m for m in _event_messages(kube, namespace, reason) + _event_messages(
+        kube, namespace, "ImagePullBackOff") + _event_messages(kube, namespace, "ErrImagePull"))  # fmt: skip
+
+
+def test_pod_creation_refused_by_a_quota_becomes_a_condition_and_an_event(kube, namespace, operators):
+    operators()
+    quota = client.V1ResourceQuota(metadata=client.V1ObjectMeta(name="two-pods"),
+                                   spec=client.V1ResourceQuotaSpec(hard={"pods": "2"}))  # fmt: skip
+    kube.core.create_namespaced_resource_quota(namespace, quota)
+    wait_for(lambda: (kube.core.read_namespaced_resource_quota("two-pods", namespace).status.hard or {}), 30,
+             "the quota to be counted")  # fmt: skip
+    create_job(kube.custom, namespace, job_manifest("quota", replicas=3, minReplicas=1))  # lighthouse + 3 > 2
+    job = _stuck(kube, namespace, "quota", "PodCreationRefused")
+    message = condition(job, "Degraded")["message"]
+    assert "exceeded quota" in message and "two-pods" in message, message
+    refused = [g for g in job["status"]["replicaGroups"] if "waiting" in g]
+    assert refused and all(g["waiting"].startswith("PodCreationRefused: 403") for g in refused), refused
+    wait_for(lambda: any("exceeded quota" in m for m in _event_messages(kube, namespace, "PodCreationRefused")), 30,
+             "a PodCreationRefused Event")  # fmt: skip
+    # the quota is lifted: the refused groups are created and the job stops saying it is stuck
+    kube.core.delete_namespaced_resource_quota("two-pods", namespace)
+    wait_for(lambda: "reason" not in get_job(kube.custom, namespace, "quota")["status"], 120, "status.reason cleared")
