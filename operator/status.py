@@ -62,6 +62,9 @@ def state_from_status(status: dict[str, Any] | None) -> JobState:
     return s
 
 
+REASON_BELOW_MIN_REPLICAS = "BelowMinReplicas"
+
+
 def build_status(
     *,
     job: str,
@@ -126,7 +129,10 @@ def build_status(
         if lh_blocker is not None:
             blockers[LIGHTHOUSE] = lh_blocker
     stuck = job_blocker(blockers)
-    conditions = _conditions(spec, state, phases, running, previous, generation, now, stuck)
+    live = None  # groups the lighthouse hears from, once training has begun (before the first quorum: starting)
+    if lighthouse is not None and lighthouse.quorum_id and not lighthouse.finished_groups:
+        live = len(lighthouse.groups)
+    conditions = _conditions(spec, state, phases, running, previous, generation, now, stuck, live)
     summary = next((c["type"] for c in reversed(conditions) if c["status"] == "True" and c["type"] != "Created"), None)
     status: dict[str, Any] = {
         "observedGeneration": generation,
@@ -163,6 +169,7 @@ def _conditions(
     generation: int | None,
     now: float,
     stuck: Blocker | None = None,
+    live: int | None = None,
 ) -> list[dict[str, Any]]:
     active = state.outcome is None and not state.suspended
     down = sorted(i for i, p in phases.items() if p != P.PHASE_RUNNING)
@@ -187,6 +194,13 @@ def _conditions(
         )
         if stuck is not None:  # the underlying reason, in the words of whoever refuses (scheduler, kubelet, API)
             degraded_c = (True, stuck.reason, stuck.message)
+        if live is not None and live < spec.min_replicas:  # pods may run, but the groups are hung or cut off
+            running_c = (
+                False,
+                REASON_BELOW_MIN_REPLICAS,
+                f"training paused: the lighthouse hears from {live} replica groups, fewer than minReplicas="
+                f"{spec.min_replicas}; no step commits until enough groups are back",
+            )
     want: dict[str, tuple[bool, str, str]] = {
         "Created": (True, "ResourcesCreated", "the lighthouse, Services and worker pods were created"),
         "Running": running_c,

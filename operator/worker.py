@@ -29,7 +29,7 @@ from ftjob.operator.lighthouse_client import LighthouseClient, base_url
 from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import JobSpec, JobState, PodView
 from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, Actions, Observed, Result, plan
-from ftjob.operator.status import build_status, state_from_status
+from ftjob.operator.status import REASON_BELOW_MIN_REPLICAS, build_status, state_from_status
 from ftjob.operator.stuck import LIGHTHOUSE, REASON_POD_CREATION_REFUSED
 from kubernetes.client.rest import ApiException
 
@@ -380,6 +380,10 @@ class JobWorker:
         if stuck and stuck != (self.last_status or {}).get("reason") and stuck != REASON_POD_CREATION_REFUSED:
             degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
             self._event("Warning", stuck, degraded["message"])
+        running = next(c for c in status["conditions"] if c["type"] == "Running")
+        before = next((c for c in (self.last_status or {}).get("conditions", []) if c["type"] == "Running"), {})
+        if running["reason"] == REASON_BELOW_MIN_REPLICAS and before.get("reason") != REASON_BELOW_MIN_REPLICAS:
+            self._event("Warning", REASON_BELOW_MIN_REPLICAS, running["message"])
         self.last_status = status
         self.last_status_write = time.monotonic()
         self.on_phase((self.namespace, self.name), status["phase"])

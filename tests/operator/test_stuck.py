@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ftjob.contract.lighthouse_api import MemberStatus, StatusResponse
+from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import PodView
 from ftjob.operator.status import build_status
 from ftjob.operator.stuck import group_blocker, job_blocker
@@ -63,3 +65,29 @@ def test_degraded_condition_group_entry_and_reason_say_why_groups_cannot_start()
     healthy = build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases, pods=healthy_job(s),
                            lighthouse=None, previous=None, generation=1, now=NOW)  # fmt: skip
     assert "reason" not in healthy
+
+
+def test_running_says_training_is_paused_when_the_lighthouse_hears_from_fewer_than_min_replicas():
+    s = spec()  # replicas 3, minReplicas 2
+    state = steady(s)
+    pods = healthy_job(s)  # every pod runs: the groups are hung or cut off, not down
+    r = run(s, state, pods)
+
+    def lighthouse(groups: list[str], quorum_id: int = 4) -> LighthouseView:
+        flags = dict(in_quorum=True, asking=True, healing=False, contributing=True, finished=False)
+        members = [MemberStatus(group=g, incarnation=g, step=9, address="", last_heartbeat_age_s=0.1, **flags)
+                   for g in groups]  # fmt: skip
+        return LighthouseView.from_status(StatusResponse(
+            quorum_id=quorum_id, max_step=9, abort_below=0, min_replicas=2, quorum_groups=groups, members=members,
+            starting=[], blocked_reason="", history=[]))  # fmt: skip
+
+    def running(lh: LighthouseView) -> dict:
+        status = build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases, pods=pods, lighthouse=lh,
+                              previous=None, generation=1, now=NOW)  # fmt: skip
+        return next(c for c in status["conditions"] if c["type"] == "Running")
+
+    paused = running(lighthouse(["0"]))
+    assert paused["status"] == "False" and paused["reason"] == "BelowMinReplicas", paused
+    assert "hears from 1 replica groups, fewer than minReplicas=2" in paused["message"]
+    assert running(lighthouse(["0", "1"]))["reason"] == "QuorumPossible"
+    assert running(lighthouse(["0"], quorum_id=0))["reason"] == "QuorumPossible", "before the first quorum: starting"

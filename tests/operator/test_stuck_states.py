@@ -4,9 +4,10 @@ reach the job's Degraded condition, status.reason (a column of `kubectl get ftj`
 from __future__ import annotations
 
 import pytest
-from helpers import kubectl, wait_for
+from helpers import cluster, kubectl, wait_for
 from kubernetes import client
-from opkit import condition, create_job, get_job, job_manifest
+from opkit import condition, create_job, get_job, job_manifest, lighthouse_status, running_groups
+from test_e2e_training import TRAIN
 
 pytestmark = pytest.mark.cluster
 
@@ -75,3 +76,32 @@ def test_pod_creation_refused_by_a_quota_becomes_a_condition_and_an_event(kube, 
     # the quota is lifted: the refused groups are created and the job stops saying it is stuck
     kube.core.delete_namespaced_resource_quota("two-pods", namespace)
     wait_for(lambda: "reason" not in get_job(kube.custom, namespace, "quota")["status"], 120, "status.reason cleared")
+
+
+@pytest.mark.slow
+def test_training_paused_below_min_replicas_says_so_while_the_pods_still_run(kube, namespace, operators):
+    """Two of three groups frozen (SIGSTOP: pods Running, no socket reset): the lighthouse stops hearing from them,
+    and Running turns False with reason BelowMinReplicas before the operator replaces them."""
+    operators()
+    manifest = job_manifest("paused", command=TRAIN, replicas=3, minReplicas=2,
+                            lighthouse={"heartbeatTimeoutSeconds": 3})  # fmt: skip
+    create_job(kube.custom, namespace, manifest)
+    groups = wait_for(lambda: (g := running_groups(kube.core, namespace, "paused")) and len(g) == 3 and g, 180,
+                      "3 training groups running")  # fmt: skip
+    wait_for(lambda: lighthouse_status(kube.core, namespace, "paused").max_step >= 5, 300, "5 committed steps")
+    frozen = [f"{namespace}/{groups[g][0].metadata.name}" for g in (1, 2)]
+    for pod in frozen:
+        cluster("freeze-pod", pod)
+    try:
+
+        def paused() -> dict | None:
+            job = get_job(kube.custom, namespace, "paused")
+            running = next(c for c in job["status"]["conditions"] if c["type"] == "Running")
+            return running if running["reason"] == "BelowMinReplicas" else None
+
+        running = wait_for(paused, 60, "Running=False (BelowMinReplicas)")
+        assert running["status"] == "False" and "fewer than minReplicas=2" in running["message"], running
+        wait_for(lambda: _event_messages(kube, namespace, "BelowMinReplicas"), 30, "a BelowMinReplicas Event")
+    finally:
+        for pod in frozen:
+            cluster("thaw-pod", pod, check=False)
