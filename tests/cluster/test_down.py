@@ -59,6 +59,13 @@ def _start_ticks(pid: int) -> int | None:
     return None if fields[0] == "Z" else int(fields[19])
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -131,7 +138,10 @@ def test_down_leaves_no_process_mount_cgroup_netns_link_or_state(short_dir: Path
         assert _cgroups(), "the node's kubelet must put its pods under the node's cgroup root"
         assert _mounts(state), "the node's mount namespace is pinned below the state dir"
         pids = _tracked_pids(state)
-        assert len(pids) > 12, f"expected control plane, node components, a shim and the pod's processes: {pids}"
+        cmdlines = {pid: _cmdline(pid) for pid in pids}
+        # beyond the PID files: the pod's own process and its containerd shim, so down must find and stop those too
+        assert any("time.sleep(3600)" in c for c in cmdlines.values()), f"the pod's process is not tracked: {cmdlines}"
+        assert any("containerd-shim" in c for c in cmdlines.values()), f"the pod's shim is not tracked: {cmdlines}"
         started = {pid: _start_ticks(pid) for pid in pids}
     finally:
         cluster("down", env=env)
