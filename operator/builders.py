@@ -74,6 +74,16 @@ def _pod_ip_env(name: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 
+def quantities_as_strings(resources: dict[str, Any]) -> dict[str, Any]:
+    """`nvidia.com/gpu: 8` in YAML is an int; the apiserver takes it, the Python client's typed API does not: a
+    quantity is always sent as its string."""
+    out = copy.deepcopy(resources)
+    for key in ("limits", "requests"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: str(v) if isinstance(v, int | float) else v for name, v in out[key].items()}
+    return out
+
+
 def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank: int) -> dict[str, Any]:
     """One rank of one generation of a replica group: the user's template plus identity, DNS, env and placement."""
     template = spec.template
@@ -119,6 +129,9 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         user_env = [e for e in container.get("env") or [] if e.get("name") not in ours]
         defaults = [d for d in DEFAULT_ENV if d["name"] not in {e.get("name") for e in user_env}]
         container["env"] = user_env + defaults + env  # ours win: the contract must hold whatever the template says
+    for container in (pod_spec.get("initContainers") or []) + (pod_spec.get("containers") or []):
+        if container.get("resources"):
+            container["resources"] = quantities_as_strings(container["resources"])
     if group.avoid_node:
         pod_spec["affinity"] = _avoid_node(pod_spec.get("affinity"), group.avoid_node, group.avoid_required)
     return {
@@ -171,7 +184,7 @@ def lighthouse_pod(job: str, namespace: str, spec: JobSpec, generation: int) -> 
         "ports": [{"name": "http", "containerPort": contract.LIGHTHOUSE_PORT}],
     }
     if lh.resources:
-        container["resources"] = copy.deepcopy(lh.resources)
+        container["resources"] = quantities_as_strings(lh.resources)
     labels = {**common_labels(job, contract.ROLE_LIGHTHOUSE), contract.LABEL_GENERATION: str(generation)}
     return {
         "apiVersion": "v1",

@@ -326,6 +326,8 @@ class JobWorker:
         for (group, _), r in zip(creates, created, strict=True):
             if isinstance(r, ApiException) and 400 <= r.status < 500 and r.status != 409:
                 self.create_refused[group] = _api_message(r)
+            elif isinstance(r, ValueError):  # the client's own validation (pydantic's errors are ValueErrors)
+                self.create_refused[group] = f"invalid pod: {r}"
             elif isinstance(r, BaseException):
                 errors.append(r)
             else:

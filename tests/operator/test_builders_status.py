@@ -30,7 +30,7 @@ def test_worker_pod_carries_identity_dns_contract_env_and_user_template():
                         "name": "trainer",
                         "image": "img",
                         "env": [{"name": "RANK", "value": "99"}, {"name": "MINE", "value": "1"}],
-                        "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                        "resources": {"limits": {"nvidia.com/gpu": 8, "cpu": 1.5}},
                     }
                 ],
                 "nodeSelector": {"pool": "gpu"},
@@ -49,7 +49,10 @@ def test_worker_pod_carries_identity_dns_contract_env_and_user_template():
     assert env[contract.ENV_MASTER_ADDR]["value"] == "demo-g2-3-r0.demo-g2.ns.svc.cluster.local"
     assert env[contract.ENV_LIGHTHOUSE_URL]["value"] == "http://demo-lighthouse.ns.svc.cluster.local:29510"
     assert env[contract.ENV_TOKEN]["valueFrom"]["secretKeyRef"] == {"name": "demo-ftjob-token", "key": "token"}
-    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert (
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        and pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "1.5"
+    )
     assert "affinity" not in pod["spec"]
     assert s.template["spec"]["containers"][0]["env"][0]["value"] == "99", "the job's template was mutated"
 
