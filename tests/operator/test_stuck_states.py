@@ -31,7 +31,10 @@ def test_unschedulable_groups_show_the_schedulers_message(kube, namespace, opera
     manifest = job_manifest("gpus", replicas=2)
     manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 99}}
     create_job(kube.custom, namespace, manifest)
-    job = _stuck(kube, namespace, "gpus", "Unschedulable")
+    _stuck(kube, namespace, "gpus", "Unschedulable")
+    # the scheduler tries each group's pod in turn: wait until it has given up on both
+    job = wait_for(lambda: (j := get_job(kube.custom, namespace, "gpus")) and "replica groups [0, 1] cannot start"
+                   in condition(j, "Degraded")["message"] and j, 60, "both groups Unschedulable")  # fmt: skip
     message = condition(job, "Degraded")["message"]
     assert "replica groups [0, 1] cannot start" in message and "Insufficient nvidia.com/gpu" in message, message
     assert all("Insufficient nvidia.com/gpu" in g["waiting"] for g in job["status"]["replicaGroups"]), job["status"]
