@@ -322,6 +322,8 @@ class JobWorker:
         results = await asyncio.gather(*deletes, *(job for _, job in creates), return_exceptions=True)
         deleted, created = results[: len(deletes)], results[len(deletes) :]
         before = dict(self.create_refused)
+        # a group scaled away is never created again: forget its refusal rather than keep reporting it
+        self.create_refused = {g: m for g, m in before.items() if g == LIGHTHOUSE or g in state.groups}
         errors = [r for r in deleted if isinstance(r, BaseException)]
         for (group, _), r in zip(creates, created, strict=True):
             if isinstance(r, ApiException) and 400 <= r.status < 500 and r.status != 409:
