@@ -160,7 +160,11 @@ def _avoid_node(affinity: dict[str, Any] | None, node: str, required: bool) -> d
     return affinity
 
 
-def lighthouse_pod(job: str, namespace: str, spec: JobSpec, generation: int) -> dict[str, Any]:
+def lighthouse_pod(
+    job: str, namespace: str, spec: JobSpec, generation: int, restore_quorum_id: int = 0, restore_step: int = 0
+) -> dict[str, Any]:
+    """The lighthouse pod. A replacement (the previous one was lost) starts from the last quorum id and committed
+    step the operator saw, so ids keep increasing and no quorum restarts below a step the groups committed."""
     lh = spec.lighthouse
     containers = (spec.template.get("spec") or {}).get("containers") or [{}]
     image = lh.image or containers[0].get("image", "ftjob-trainer")
@@ -175,6 +179,11 @@ def lighthouse_pod(job: str, namespace: str, spec: JobSpec, generation: int) -> 
         {"name": contract.ENV_NAMESPACE, "value": namespace},
         _token_env(job),
     ]
+    if restore_quorum_id or restore_step:
+        env += [
+            {"name": contract.ENV_RESTORE_QUORUM_ID, "value": str(restore_quorum_id)},
+            {"name": contract.ENV_RESTORE_STEP, "value": str(restore_step)},
+        ]
     name = names.lighthouse_pod(job, generation)
     container: dict[str, Any] = {
         "name": "lighthouse",

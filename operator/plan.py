@@ -45,6 +45,7 @@ PHASE_BACKING_OFF = "BackingOff"
 PHASE_SUCCEEDED = "Succeeded"
 PHASE_FAILED = "Failed"
 PHASE_SUSPENDED = "Suspended"
+SURVIVOR_PHASES = (PHASE_RUNNING, PHASE_SUCCEEDED)  # groups that hold the committed state in memory
 
 
 @dataclass

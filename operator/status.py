@@ -154,10 +154,23 @@ def build_status(
     if stuck is not None:
         status["reason"] = stuck.reason  # why it is stuck, in one word (a printer column of `kubectl get ftj`)
     if lighthouse is not None and lighthouse.quorum_id is not None:
-        status["quorum"] = {"id": lighthouse.quorum_id, "size": lighthouse.quorum_size, "step": lighthouse.step}
+        status["quorum"] = monotonic_quorum(
+            {"id": lighthouse.quorum_id, "size": lighthouse.quorum_size, "step": lighthouse.step}, previous
+        )
     elif previous and previous.get("quorum"):
         status["quorum"] = previous["quorum"]  # keep the last known quorum (e.g. after the lighthouse stopped)
     return status
+
+
+def monotonic_quorum(seen: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The quorum as reported: id and committed step never go below what status said before (a replacement
+    lighthouse starts lower and catches up from the groups' own reports within seconds)."""
+    before = (previous or {}).get("quorum") or {}
+    out = dict(seen)
+    for key in ("id", "step"):
+        if isinstance(before.get(key), int) and (out.get(key) is None or before[key] > out[key]):
+            out[key] = before[key]
+    return out
 
 
 def _conditions(

@@ -28,7 +28,7 @@ from ftjob.operator.kubeapi import KubeApi
 from ftjob.operator.lighthouse_client import LighthouseClient, base_url
 from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import JobSpec, JobState, PodView
-from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, Actions, Observed, Result, plan
+from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, SURVIVOR_PHASES, Actions, Observed, Result, plan
 from ftjob.operator.status import REASON_BELOW_MIN_REPLICAS, build_status, state_from_status
 from ftjob.operator.stuck import LIGHTHOUSE, REASON_POD_CREATION_REFUSED
 from kubernetes.client.rest import ApiException
@@ -315,7 +315,10 @@ class JobWorker:
             pod = self._owned(builders.worker_pod(self.name, self.namespace, spec, g, rank))
             creates.append((group, self.kube.create(pod)))
         if a.create_lighthouse is not None:
-            manifest = builders.lighthouse_pod(self.name, self.namespace, spec, a.create_lighthouse)
+            quorum_id, step = self._last_quorum()
+            if not any(phase in SURVIVOR_PHASES for phase in result.group_phases.values()):
+                step = 0  # no group kept the committed state: waiting for one would only stall the restart
+            manifest = builders.lighthouse_pod(self.name, self.namespace, spec, a.create_lighthouse, quorum_id, step)
             creates.append((LIGHTHOUSE, self.kube.create(self._owned(manifest))))
         if not deletes and not creates:
             return False
@@ -343,6 +346,16 @@ class JobWorker:
             self.deleting -= {n for (n, _), r in zip(a.delete_pods, deleted, strict=True) if isinstance(r, Exception)}
             raise errors[0]
         return self.create_refused != before
+
+    def _last_quorum(self) -> tuple[int, int]:
+        """The highest quorum id and committed step seen, from the last poll or the status written before (a
+        restarted operator has only that), for a replacement lighthouse to start from."""
+        seen = (self.last_status or self.body.get("status") or {}).get("quorum") or {}
+        ids = [seen.get("id"), self.lh_view.quorum_id if self.lh_view else None]
+        steps = [seen.get("step"), self.lh_view.step if self.lh_view else None]
+        return max((i for i in ids if isinstance(i, int)), default=0), max(
+            (s for s in steps if isinstance(s, int)), default=0
+        )
 
     async def _apply_services(self, spec: JobSpec, a: Actions) -> None:
         wanted = [builders.lighthouse_service(self.name, self.namespace)]

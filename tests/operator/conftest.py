@@ -10,8 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # podfactory / opkit importable from any directory
 
-from helpers import kubectl, wait_for
-from opkit import CRD, OperatorProc, start_operator
+from helpers import Kube, cluster, kubectl, node_names, wait_for
+from kubernetes import client
+from opkit import CRD, OperatorProc, set_unschedulable, start_operator
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +52,21 @@ def operators(kube, crd, namespace, tmp_path) -> Iterator[Callable[..., Operator
             op.stop()
         for i, op in enumerate(started):
             print(f"\n----- operator {i} log (tail) -----\n{op.logs()[-6000:]}")
+
+
+def node_ready(core: client.CoreV1Api, node: str) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in core.read_node(node).status.conditions or [])
+
+
+@pytest.fixture
+def two_nodes(kube: Kube) -> Iterator[tuple[str, str]]:
+    """Two nodes, given back healed, schedulable and Ready whatever the test did to them."""
+    names = node_names()
+    assert len(names) >= 2, f"this test needs a cluster of at least 2 nodes, this one has {names}"
+    yield names[0], names[1]
+    for node in names:
+        cluster("heal-node", node)
+        set_unschedulable(kube.core, node, False)
+    cluster("up")
+    for node in names:
+        wait_for(lambda n=node: node_ready(kube.core, n), 60, f"{node} to be Ready again")

@@ -171,6 +171,10 @@ def running_groups(core: client.CoreV1Api, ns: str, job: str, pods_per_replica: 
     }
 
 
+def set_unschedulable(core: client.CoreV1Api, node: str, value: bool) -> None:
+    core.patch_node(node, {"spec": {"unschedulable": value}})
+
+
 def lighthouse_pod(core: client.CoreV1Api, ns: str, job: str) -> client.V1Pod:
     sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
     pods = [p for p in core.list_namespaced_pod(ns, label_selector=sel).items if p.status.phase == "Running"]

@@ -95,6 +95,10 @@ def test_lighthouse_pod_and_services():
     env = {e["name"]: e for e in c["env"]}
     assert env[contract.ENV_HEARTBEAT_TIMEOUT_S]["value"] == "7"
     assert env[contract.ENV_LIGHTHOUSE_BIND]["value"] == "0.0.0.0:29510"
+    assert contract.ENV_RESTORE_STEP not in env  # a job's first lighthouse starts blank
+    replacement = builders.lighthouse_pod(JOB, "ns", s, 3, restore_quorum_id=9, restore_step=170)
+    env = {e["name"]: e.get("value") for e in replacement["spec"]["containers"][0]["env"]}
+    assert env[contract.ENV_RESTORE_QUORUM_ID] == "9" and env[contract.ENV_RESTORE_STEP] == "170"
     svc = builders.group_service(JOB, "ns", 4)
     assert svc["metadata"]["name"] == "demo-g4" and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] and svc["spec"]["ports"][0]["targetPort"] == 29500
@@ -146,6 +150,14 @@ def test_status_round_trips_the_operator_memory_and_shows_progress():
     assert lh.evicted == {"0": "evicted: pod died"} and lh.finished_groups == {2}
     back = state_from_status(status)
     assert back.groups == r.state.groups and back.total_restarts == 1 and back.start_time == pytest.approx(NOW, abs=1)
+    # a replacement lighthouse reports lower figures until the groups catch it up: status never goes back
+    blank = LighthouseView.from_status(
+        StatusResponse(quorum_id=0, max_step=0, abort_below=0, min_replicas=1, quorum_groups=[], members=[],
+                       starting=[], blocked_reason="", history=[])
+    )  # fmt: skip
+    later = build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases, pods=pods, lighthouse=blank,
+                         previous=status, generation=3, now=NOW + 2)  # fmt: skip
+    assert later["quorum"] == {"id": 7, "size": 0, "step": 42}
     # an unchanged condition keeps its transition time
     again = build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases, pods=pods, lighthouse=lh,
                          previous=status, generation=3, now=NOW + 500)  # fmt: skip

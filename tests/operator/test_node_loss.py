@@ -3,36 +3,11 @@ operator replaces only the group on that node, on another node, and does not lea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from helpers import Kube, cluster, node_names, wait_for
-from kubernetes import client
-from opkit import create_job, get_job, job_manifest, lighthouse_pod, patch_job, running_groups
+from helpers import cluster, wait_for
+from opkit import create_job, get_job, job_manifest, lighthouse_pod, patch_job, running_groups, set_unschedulable
 
 pytestmark = pytest.mark.cluster
-
-
-def set_unschedulable(core: client.CoreV1Api, node: str, value: bool) -> None:
-    core.patch_node(node, {"spec": {"unschedulable": value}})
-
-
-def node_ready(core: client.CoreV1Api, node: str) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in core.read_node(node).status.conditions or [])
-
-
-@pytest.fixture
-def two_nodes(kube: Kube) -> Iterator[tuple[str, str]]:
-    """Two nodes, given back healed, schedulable and Ready whatever the test did to them."""
-    names = node_names()
-    assert len(names) >= 2, f"this test needs a cluster of at least 2 nodes, this one has {names}"
-    yield names[0], names[1]
-    for node in names:
-        cluster("heal-node", node)
-        set_unschedulable(kube.core, node, False)
-    cluster("up")
-    for node in names:
-        wait_for(lambda n=node: node_ready(kube.core, n), 60, f"{node} to be Ready again")
 
 
 def test_lost_node_replaces_only_its_group_elsewhere(kube, namespace, operators, two_nodes):

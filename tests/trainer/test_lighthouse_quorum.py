@@ -162,6 +162,27 @@ def test_restored_ids_keep_increasing_and_committed_step_is_a_floor():
     assert q is not None and q.quorum_id == 43 and q.responses["0"].heal
 
 
+def test_a_floor_restored_from_the_operator_holds_for_its_window_then_gives_way():
+    c = QuorumCore(
+        min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=100.0, committed_step=10, step_floor_until=5.0
+    )
+    ask(c, "0", step=3)
+    assert c.poll(4.9) is None and "committed step 10" in c.blocked_reason  # a survivor may still come back
+    q = c.poll(5.0)  # none did: the best asker's state is all there is
+    assert q is not None and q.max_step == 3 and c.committed_step == 3
+
+
+def test_a_confirmed_restored_floor_holds_for_ever():
+    c = QuorumCore(
+        min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=100.0, committed_step=10, step_floor_until=5.0
+    )
+    ask(c, "0", step=10)
+    assert c.poll(1.0) is not None and c.step_floor_until is None
+    ask(c, "1", step=2, inc="new")
+    c.evict(["0"], "test", 2.0)
+    assert c.poll(50.0) is None and "committed step 10" in c.blocked_reason
+
+
 def test_new_incarnation_replaces_and_bans_the_old_one():
     c = core()
     c.heartbeat("0", "old", 0, now=0.0)

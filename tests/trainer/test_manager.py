@@ -5,6 +5,7 @@ a hung collective, and a lighthouse restart mid-run."""
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,31 @@ def test_lighthouse_killed_and_restarted_mid_run_loses_no_committed_step(tmp_pat
         assert after and min(after) > id_before  # ids never reused after the restart
         ids = [e["quorum_id"] for e in w.events("step")]
         assert ids == sorted(ids)
+
+
+def test_a_blank_replacement_lighthouse_after_a_long_outage_resumes_training_where_it_stopped(
+    tmp_path: Path, procs: list
+):
+    """No state file (a new pod): the replacement starts from the floors the operator passes, and the groups, which
+    kept their state through an outage longer than the quorum timeout, go on with no step trained twice."""
+    lh = start(procs, Lighthouse(tmp_path, "--min-replicas", "2", "--join-timeout", "0.3").start())
+    args = ("--steps", "40", "--min-replicas", "2", "--step-delay", "0.05", "--quorum-timeout", "2")
+    workers = [start(procs, Worker(tmp_path, lh.url, g, *args)) for g in "01"]
+    wait_for(lambda: all(w.last_step() >= 10 for w in workers), TIMEOUT, "training to reach step 10")
+    lh.kill()
+    id_before = max(e["quorum_id"] for w in workers for e in w.events("step"))
+    step_before = max(w.last_step() for w in workers)
+    time.sleep(5)  # the outage itself (2.5x the quorum timeout), not a synchronisation
+    assert all(w.proc.poll() is None for w in workers), "a trainer exited while the lighthouse was away"
+    floors = ("--restore-quorum-id", str(id_before), "--restore-step", str(step_before))
+    lh.args = [*lh.args, *floors]
+    lh.start()  # same port, blank but for the floors
+    done = [wait_for(w.done, TIMEOUT, f"group {w.group} to finish") for w in workers]
+    assert done[0]["digest"] == done[1]["digest"] and done[0]["step"] == done[1]["step"] == 40
+    for w in workers:
+        assert_steps_only_move_forward(w)
+        steps = committed_steps(w)
+        assert steps == list(range(1, 41)), f"group {w.group} committed {steps}"  # each step once, none lost
+        after = [e["quorum_id"] for e in w.events("step") if e["step"] > step_before + 1]
+        assert after and min(after) > id_before
+    assert lh.status().quorum_id > id_before

@@ -42,6 +42,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--collective-timeout", type=float, default=5.0)
     p.add_argument("--quorum-timeout", type=float, default=60.0)
+    p.add_argument("--lost-timeout", type=float, default=600.0)
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--step-delay", type=float, default=0.0, help="pacing: keeps a run long enough to act on")
     p.add_argument("--hang-at-step", type=int, default=-1, help="after joining this step's quorum, hang forever")
@@ -86,6 +87,7 @@ def main(argv: list[str]) -> int:
         min_replicas=args.min_replicas,
         collective_timeout_s=args.collective_timeout,
         quorum_timeout_s=args.quorum_timeout,
+        lost_timeout_s=args.lost_timeout,
     )
     mgr = Manager(cfg, state_dict, load_state_dict)
     mgr.register_params(model.parameters())  # buckets all-reduced during the backward (one rank per group)

@@ -53,6 +53,7 @@ ENV_ADVERTISE_ADDR = "FTJOB_ADVERTISE_ADDR"  # the IP peers use to reach this po
 ENV_CHECKPOINT_DIR = "FTJOB_CHECKPOINT_DIR"  # durable checkpoints for whole-job restarts (optional)
 ENV_COLLECTIVE_TIMEOUT_S = "FTJOB_COLLECTIVE_TIMEOUT_S"  # bound on one cross-group collective
 ENV_QUORUM_TIMEOUT_S = "FTJOB_QUORUM_TIMEOUT_S"  # bound on one quorum request
+ENV_LIGHTHOUSE_LOST_TIMEOUT_S = "FTJOB_LIGHTHOUSE_LOST_TIMEOUT_S"  # how long to keep retrying an unreachable lighthouse
 ENV_CHECKPOINT_EVERY = "FTJOB_CHECKPOINT_EVERY"  # durable checkpoint every N committed steps (ftjob.ft; 0: never)
 # Set by the local launcher (ftjob-trainer launch) only
 ENV_RUN_DIR = "FTJOB_RUN_DIR"  # where each group's rank 0 appends its run records (ftjob.ft.records)
@@ -72,6 +73,11 @@ ENV_JOIN_TIMEOUT_S = "FTJOB_JOIN_TIMEOUT_S"
 ENV_HEARTBEAT_TIMEOUT_S = "FTJOB_HEARTBEAT_TIMEOUT_S"
 ENV_GROUPS = "FTJOB_GROUPS"  # group ids are 0..N-1 (replicas + spares); the lighthouse refuses any other
 ENV_LIGHTHOUSE_STATE_FILE = "FTJOB_LIGHTHOUSE_STATE_FILE"  # optional: persisted quorum id and committed step
+# A replacement lighthouse pod starts from what the operator last saw: quorum ids go on above it, and for
+# FTJOB_RESTORE_WINDOW_S no quorum starts below the committed step (a surviving group holding it is waited for).
+ENV_RESTORE_QUORUM_ID = "FTJOB_RESTORE_QUORUM_ID"
+ENV_RESTORE_STEP = "FTJOB_RESTORE_STEP"
+ENV_RESTORE_WINDOW_S = "FTJOB_RESTORE_WINDOW_S"
 
 # --- Lighthouse API paths ---------------------------------------------------------------------------------------
 PATH_QUORUM = "/v1/quorum"

@@ -3,6 +3,12 @@ a private event-loop thread that also keeps the watch socket open (heartbeats up
 
 Quorum requests retry through lighthouse restarts and long-poll timeouts until the caller's deadline; an evicted
 incarnation gets EvictedError; any other refusal is a LighthouseError carrying the lighthouse's message.
+
+A lost lighthouse (its pod deleted, its node gone: the peer vanishes without a reset) costs seconds, not the quorum
+timeout: the watch socket pings it every LINK_PING_S, and when the socket drops every request in flight is abandoned
+and retried on fresh connections (DNS looked up again: a new lighthouse pod has a new IP). While the lighthouse is
+unreachable, a quorum request keeps retrying for up to ``lost_timeout_s`` (long compared with a restart); once it
+answers again, the wait for the quorum itself starts afresh. The caller's state is never touched meanwhile.
 """
 
 from __future__ import annotations
@@ -36,6 +42,15 @@ log = logging.getLogger("ftjob.lighthouse_client")
 
 A = TypeVar("A", bound=Answer)
 
+LINK_PING_S = 2.0  # watch socket ping period: a silent lighthouse is noticed within 3 s (pong allowed 1 s: GIL, load)
+CONNECT_TIMEOUT_S = 2.0  # a SYN to a vanished pod IP is dropped, not refused: give up and retry
+RETRY_PAUSE_S = 0.1
+DEFAULT_LOST_TIMEOUT_S = 600.0
+
+
+class LighthouseLost(ConnectionError):
+    """The watch socket dropped while this request was in flight: the lighthouse is gone or restarting."""
+
 
 class LighthouseError(RuntimeError):
     """The lighthouse refused a request (``status`` is its HTTP status) or answered something unreadable."""
@@ -62,6 +77,7 @@ class LighthouseClient:
         rank: int = 0,
         heartbeat_interval_s: float = 0.1,
         on_abort: Callable[[int], None] | None = None,
+        lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S,
     ) -> None:
         self.url = url.rstrip("/")
         self.group = group
@@ -78,6 +94,9 @@ class LighthouseClient:
         self._session: aiohttp.ClientSession | None = None
         self._watch_task: asyncio.Future[None] | None = None
         self.watch_connected = threading.Event()
+        self.lost_timeout_s = lost_timeout_s
+        self.reconnects = 0  # times the watch socket came back after dropping (a lighthouse restart or a blip)
+        self._link_lost: asyncio.Future[None] | None = None  # resolved when the open watch socket drops
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> LighthouseClient:
@@ -87,7 +106,19 @@ class LighthouseClient:
         return self
 
     async def _open(self) -> None:
-        self._session = aiohttp.ClientSession(headers=self._headers, connector=aiohttp.TCPConnector(limit=8))
+        self._session = self._new_session()
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        # No DNS cache: the lighthouse's name follows its pod, and a replacement pod has another IP.
+        connector = aiohttp.TCPConnector(limit=8, use_dns_cache=False)
+        timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)
+        return aiohttp.ClientSession(headers=self._headers, connector=connector, timeout=timeout)
+
+    async def _renew_session(self) -> None:
+        """Drops every pooled connection (they may lead to a vanished pod) and fails the requests still on them."""
+        old, self._session = self._session, self._new_session()
+        if old is not None:
+            await old.close()
 
     def close(self) -> None:
         if not self._thread.is_alive():
@@ -110,14 +141,22 @@ class LighthouseClient:
 
     # --- blocking API for the training thread --------------------------------------------------------------------
     def quorum(self, req: QuorumRequest, timeout_s: float) -> QuorumResponse:
-        """Long-polls for this step's quorum; retries until ``timeout_s`` through restarts and 504s."""
-        return self._run(self._quorum(req, time.monotonic() + timeout_s), timeout_s + 10)
+        """Long-polls for this step's quorum; retries through 504s for ``timeout_s`` and through a lost lighthouse
+        for up to ``lost_timeout_s`` (see the module doc)."""
+        return self._run(self._quorum(req, timeout_s), self.quorum_wait_bound(timeout_s))
 
     def quorum_async(self, req: QuorumRequest, timeout_s: float) -> concurrent.futures.Future[QuorumResponse]:
-        """The same long-poll, started now and collected later with ``.result()`` (cancel it if never needed)."""
-        return asyncio.run_coroutine_threadsafe(self._quorum(req, time.monotonic() + timeout_s), self._loop)
+        """The same long-poll, started now and collected later with ``.result(quorum_wait_bound(timeout_s))``
+        (cancel it if never needed)."""
+        return asyncio.run_coroutine_threadsafe(self._quorum(req, timeout_s), self._loop)
 
-    def heartbeat(self, step: int, finished: bool = False, param_digest: str | None = None) -> HeartbeatResponse:
+    def quorum_wait_bound(self, timeout_s: float) -> float:
+        """The longest a quorum request can take: a wait, a loss, and a fresh wait after the lighthouse is back."""
+        return 2 * timeout_s + self.lost_timeout_s + 10
+
+    def heartbeat(
+        self, step: int, finished: bool = False, param_digest: str | None = None, timeout_s: float = 10.0
+    ) -> HeartbeatResponse:
         beat = HeartbeatRequest(
             group=self.group,
             incarnation=self.incarnation,
@@ -126,11 +165,12 @@ class LighthouseClient:
             finished=finished,
             param_digest=param_digest,
         )
-        return self.post(contract.PATH_HEARTBEAT, beat, HeartbeatResponse)
+        return self.post(contract.PATH_HEARTBEAT, beat, HeartbeatResponse, timeout_s)
 
     def post(self, path: str, body: Request, answer: type[A], timeout_s: float = 10.0) -> A:
-        """Any other authenticated POST (membership API); raises LighthouseError on a refusal."""
-        return self._run(self._post(path, body, answer, timeout_s), timeout_s + 5)
+        """Any other authenticated POST (membership API), retried while the lighthouse is unreachable for up to
+        ``timeout_s``; raises LighthouseError on a refusal, ConnectionError when it never answered."""
+        return self._run(self._post_retrying(path, body, answer, timeout_s), timeout_s + 5)
 
     def status(self, timeout_s: float = 10.0) -> StatusResponse:
         return self._run(self._get(contract.PATH_STATUS, StatusResponse, timeout_s), timeout_s + 5)
@@ -138,7 +178,7 @@ class LighthouseClient:
     # --- coroutines ----------------------------------------------------------------------------------------------
     async def _post(self, path: str, body: Request, answer: type[A], timeout_s: float) -> A:
         assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)  # replaces the session's
         data = body.model_dump_json(exclude_none=True)
         headers = {"Content-Type": "application/json"}
         async with self._session.post(self.url + path, data=data, headers=headers, timeout=timeout) as resp:
@@ -146,8 +186,31 @@ class LighthouseClient:
 
     async def _get(self, path: str, answer: type[A], timeout_s: float) -> A:
         assert self._session is not None
-        async with self._session.get(self.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
+        async with self._session.get(self.url + path, timeout=timeout) as resp:
             return await self._decode(resp, answer)
+
+    async def _post_retrying(self, path: str, body: Request, answer: type[A], timeout_s: float) -> A:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await self._post(path, body, answer, max(0.5, deadline - time.monotonic()))
+            except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+                if time.monotonic() + RETRY_PAUSE_S >= deadline:
+                    raise ConnectionError(f"lighthouse {self.url} unreachable: {type(e).__name__}: {e}") from None
+                await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def _post_unless_lost(self, path: str, body: Request, answer: type[A], timeout_s: float) -> A:
+        """A POST abandoned (LighthouseLost) as soon as the watch socket that was open when it started drops."""
+        lost = self._link_lost
+        post = asyncio.ensure_future(self._post(path, body, answer, timeout_s))
+        if lost is None:  # the watch is down too: rely on the connect timeout
+            return await post
+        done, _ = await asyncio.wait({post, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if post in done:
+            return post.result()
+        post.cancel()
+        raise LighthouseLost("the lighthouse's watch socket dropped while waiting")
 
     @staticmethod
     async def _decode(resp: aiohttp.ClientResponse, answer: type[A]) -> A:
@@ -164,15 +227,25 @@ class LighthouseClient:
         except ValidationError as e:
             raise LighthouseError(resp.status, f"unreadable {answer.__name__}: {e}") from None
 
-    async def _quorum(self, req: QuorumRequest, deadline: float) -> QuorumResponse:
+    async def _quorum(self, req: QuorumRequest, timeout_s: float) -> QuorumResponse:
+        start = time.monotonic()
+        deadline = start + timeout_s  # for the lighthouse to form a quorum while it answers
+        hard_stop = start + self.quorum_wait_bound(timeout_s) - 10
+        lost_since: float | None = None  # unreachable since then
         last_error = "no attempt"
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            now = time.monotonic()
+            if lost_since is not None and now - lost_since > self.lost_timeout_s:
+                raise TimeoutError(
+                    f"lighthouse {self.url} unreachable for {now - lost_since:.0f}s (lost timeout "
+                    f"{self.lost_timeout_s:g}s; last: {last_error})"
+                )
+            if (lost_since is None and now >= deadline) or now >= hard_stop:
                 raise TimeoutError(f"no quorum from {self.url} before the quorum timeout (last: {last_error})")
+            remaining = max(0.5, deadline - now)
             try:
                 ask = req.model_copy(update={"timeout_s": remaining})
-                return await self._post(contract.PATH_QUORUM, ask, QuorumResponse, remaining + 5)
+                return await self._post_unless_lost(contract.PATH_QUORUM, ask, QuorumResponse, remaining + 5)
             except EvictedError:
                 self.evicted = True
                 raise
@@ -181,21 +254,32 @@ class LighthouseClient:
                 if e.status not in (403, 409, 504) and e.status < 500:
                     raise
                 last_error = str(e)
+                if lost_since is not None:  # it answers again (a new lighthouse): the quorum wait starts afresh
+                    lost_since, deadline = None, time.monotonic() + timeout_s
                 if e.status == 403:
-                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                    await asyncio.sleep(0.5)
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
-                last_error = f"{type(e).__name__}: {e}"  # lighthouse down or restarting: retry
-                await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                last_error = f"{type(e).__name__}: {e}"  # lighthouse gone or restarting: retry
+                if lost_since is None:
+                    lost_since = time.monotonic()
+                    log.warning("lighthouse %s unreachable (%s); retrying for up to %gs", self.url, last_error,
+                                self.lost_timeout_s)  # fmt: skip
+                await asyncio.sleep(RETRY_PAUSE_S)
 
     async def _watch_forever(self) -> None:
         """Keeps the watch socket open; reconnects (the lighthouse may restart) until closed or evicted."""
         assert self._session is not None
         query = {"group": self.group, "incarnation": self.incarnation, "rank": str(self.rank)}
         backoff = 0.05
+        ever_open = False
         while not self.evicted:
             try:
-                async with self._session.ws_connect(self.url + contract.PATH_WATCH, params=query) as ws:
+                ws_cm = self._session.ws_connect(self.url + contract.PATH_WATCH, params=query, heartbeat=LINK_PING_S)
+                async with ws_cm as ws:
                     backoff = 0.05
+                    self.reconnects += ever_open
+                    ever_open = True
+                    self._link_lost = asyncio.get_running_loop().create_future()
                     self.watch_connected.set()
                     sender = asyncio.ensure_future(self._send_heartbeats(ws))
                     try:
@@ -212,6 +296,10 @@ class LighthouseClient:
             except (TimeoutError, aiohttp.ClientError, ConnectionError, ValidationError):
                 pass  # reconnect: the lighthouse may be restarting
             self.watch_connected.clear()
+            if self._link_lost is not None:  # it was open: abandon what waits on the old lighthouse
+                lost, self._link_lost = self._link_lost, None
+                lost.set_result(None)
+                await self._renew_session()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 0.5)
 

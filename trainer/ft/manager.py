@@ -57,6 +57,7 @@ class ManagerConfig:
     min_replicas: int = 1
     collective_timeout_s: float = 5.0  # bound on one cross-group collective
     quorum_timeout_s: float = 60.0
+    lost_timeout_s: float = 600.0  # keep state and retry an unreachable lighthouse this long before giving up
     recovery_port: int = 0  # 0 = ephemeral
     store_port: int = 0  # 0 = ephemeral
     device: str = "cpu"  # "cuda" -> NCCL across groups (with pinned-memory recovery staging), else gloo
@@ -131,6 +132,7 @@ class Manager:
             rank=cfg.rank,
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             on_abort=self._on_abort,
+            lost_timeout_s=cfg.lost_timeout_s,
         ).start()
         self._fresh = cfg.sync_at_start  # not yet synced with the job (only matters while step == 0)
         self._quorum_id = -1  # last quorum id seen (reported so a restarted lighthouse keeps ids increasing)
@@ -193,7 +195,7 @@ class Manager:
         pending, self._prefetched = self._prefetched, None
         try:
             if pending is not None:
-                answer = pending.result(self.cfg.quorum_timeout_s + 10)
+                answer = pending.result(self._client.quorum_wait_bound(self.cfg.quorum_timeout_s))
             else:
                 answer = self._client.quorum(self._quorum_request(), self.cfg.quorum_timeout_s)
             self._last_heal_s = None
@@ -341,7 +343,9 @@ class Manager:
     def report_finished(self, param_digest: str) -> None:
         """Tells the lighthouse this group trained its last step, with a digest of its parameters."""
         if self.cfg.rank == 0:
-            self._client.heartbeat(self.step, finished=True, param_digest=param_digest)
+            self._client.heartbeat(
+                self.step, finished=True, param_digest=param_digest, timeout_s=self.cfg.lost_timeout_s
+            )
 
     def shutdown(self) -> None:
         if self._prefetched is not None:

@@ -69,6 +69,7 @@ def init(
         min_replicas=env.min_replicas,
         collective_timeout_s=_env_number(contract.ENV_COLLECTIVE_TIMEOUT_S, float, ManagerConfig.collective_timeout_s),
         quorum_timeout_s=_env_number(contract.ENV_QUORUM_TIMEOUT_S, float, ManagerConfig.quorum_timeout_s),
+        lost_timeout_s=_env_number(contract.ENV_LIGHTHOUSE_LOST_TIMEOUT_S, float, ManagerConfig.lost_timeout_s),
         device=device,
         sync_at_start=sync_at_start,
     )

@@ -46,6 +46,7 @@ class TrainConfig:
     min_replicas: int = 1
     collective_timeout_s: float = 5.0
     quorum_timeout_s: float = 60.0
+    lighthouse_lost_timeout_s: float = 600.0
     # outputs
     run_dir: Path | None = None
     log_every: int = 10
@@ -67,6 +68,8 @@ class TrainConfig:
             )
         if not 0 <= self.rank < max(self.world_size, 1):
             problems.append(f"rank {self.rank} is outside the group's world size {self.world_size}")
+        if self.lighthouse_lost_timeout_s <= 0:
+            problems.append(f"--lighthouse-lost-timeout must be > 0 (got {self.lighthouse_lost_timeout_s})")
         if self.min_replicas < 1:
             problems.append(f"--min-replicas must be >= 1 (got {self.min_replicas})")
         if self.checkpoint_every < 0:
@@ -102,6 +105,12 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     a("--device", choices=["cpu", "cuda"], help="compute device (default cpu)")
     a("--collective-timeout", type=float, help=f"seconds (env {contract.ENV_COLLECTIVE_TIMEOUT_S}, default 5)")
     a("--quorum-timeout", type=float, help=f"seconds (env {contract.ENV_QUORUM_TIMEOUT_S}, default 60)")
+    a(
+        "--lighthouse-lost-timeout",
+        type=float,
+        help=f"seconds to keep retrying an unreachable lighthouse (env {contract.ENV_LIGHTHOUSE_LOST_TIMEOUT_S}, "
+        "default 600)",
+    )
     a("--run-dir", type=Path, help="write this group's progress/commit records here (group-<g>.jsonl)")
     a("--log-every", type=int, help="progress line every N steps (default 10)")
     a("--checkpoint-dir", type=Path, help=f"durable checkpoints (env {contract.ENV_CHECKPOINT_DIR})")
@@ -174,6 +183,11 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
             args.collective_timeout, _env_float(env, contract.ENV_COLLECTIVE_TIMEOUT_S), d.collective_timeout_s
         ),
         quorum_timeout_s=pick(args.quorum_timeout, _env_float(env, contract.ENV_QUORUM_TIMEOUT_S), d.quorum_timeout_s),
+        lighthouse_lost_timeout_s=pick(
+            args.lighthouse_lost_timeout,
+            _env_float(env, contract.ENV_LIGHTHOUSE_LOST_TIMEOUT_S),
+            d.lighthouse_lost_timeout_s,
+        ),
         run_dir=args.run_dir,
         log_every=pick(args.log_every, None, d.log_every),
         checkpoint_dir=pick(args.checkpoint_dir, Path(ckpt_env) if ckpt_env else None, None),

@@ -180,6 +180,7 @@ class Trainer:
                 min_replicas=cfg.min_replicas,
                 collective_timeout_s=cfg.collective_timeout_s,
                 quorum_timeout_s=cfg.quorum_timeout_s,
+                lost_timeout_s=cfg.lighthouse_lost_timeout_s,
                 device=cfg.device,
             ),
             self.state_dict,

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from aiohttp import web
 from ftjob import contract
@@ -17,6 +18,7 @@ from ftjob.lighthouse.server import LighthouseServer
 from ftjob.lighthouse.state import load_state
 
 log = logging.getLogger("ftjob.lighthouse")
+SHUTDOWN_GRACE_S = 1.0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -72,6 +74,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"keeps the quorum id and committed step across restarts (env {contract.ENV_LIGHTHOUSE_STATE_FILE})",
     )
     a(
+        "--restore-quorum-id",
+        type=int,
+        default=int(env.get(contract.ENV_RESTORE_QUORUM_ID, "0")),
+        help=f"quorum ids go on above this one (env {contract.ENV_RESTORE_QUORUM_ID}; the operator sets the last id "
+        "it saw when it replaces a lost lighthouse)",
+    )
+    a(
+        "--restore-step",
+        type=int,
+        default=int(env.get(contract.ENV_RESTORE_STEP, "0")),
+        help=f"no quorum starts below this committed step while --restore-window lasts "
+        f"(env {contract.ENV_RESTORE_STEP})",
+    )
+    a(
+        "--restore-window",
+        type=float,
+        default=float(env.get(contract.ENV_RESTORE_WINDOW_S, "120")),
+        help=f"seconds to wait for a group holding --restore-step before going on from the best one that asks "
+        f"(env {contract.ENV_RESTORE_WINDOW_S})",
+    )
+    a(
         "--token-file",
         default=env.get(contract.ENV_TOKEN_FILE),
         help=f"file holding the job's bearer token (env {contract.ENV_TOKEN_FILE}, or the token itself in "
@@ -86,6 +109,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--min-replicas must be >= 1, got {args.min_replicas}")
     if args.join_timeout < 0 or args.heartbeat_timeout <= 0:
         p.error("--join-timeout must be >= 0 and --heartbeat-timeout > 0")
+    if args.restore_quorum_id < 0 or args.restore_step < 0 or args.restore_window < 0:
+        p.error("--restore-quorum-id, --restore-step and --restore-window must be >= 0")
     if args.replicas is not None and args.replicas < 1:
         p.error(f"--replicas must be >= 1, got {args.replicas}")
     if args.groups is not None and args.groups < max(1, args.replicas or 1):
@@ -102,12 +127,14 @@ def read_token(token_file: str | None) -> str:
 
 def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
     saved = load_state(args.state_file)
+    restored_floor = args.restore_step > saved.committed_step  # the operator's record, not this lighthouse's own
     core = QuorumCore(
         min_replicas=args.min_replicas,
         join_timeout_s=args.join_timeout,
         heartbeat_timeout_s=args.heartbeat_timeout,
-        quorum_id=saved.quorum_id,
-        committed_step=saved.committed_step,
+        quorum_id=max(saved.quorum_id, args.restore_quorum_id),
+        committed_step=max(saved.committed_step, args.restore_step),
+        step_floor_until=time.monotonic() + args.restore_window if restored_floor else None,
     )
     if args.replicas is not None:
         core.set_desired(args.replicas, args.groups)
@@ -118,7 +145,8 @@ def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
 
 async def serve(args: argparse.Namespace, token: str) -> None:
     server = build_server(args, token)
-    runner = web.AppRunner(server.make_app(), access_log=None)
+    # Shutdown must be quick: a lighthouse that is being replaced holds every group's next step.
+    runner = web.AppRunner(server.make_app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
     await site.start()
@@ -133,6 +161,8 @@ async def serve(args: argparse.Namespace, token: str) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    log.info("stopping: telling every waiting group to retry elsewhere")
+    await server.shutdown()
     await runner.cleanup()
 
 

@@ -12,6 +12,7 @@ cross-group process group. Each request is O(1); forming is O(n log n) over the 
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ from ftjob.contract.lighthouse_api import (
     RecoverySource,
     StatusResponse,
 )
+
+log = logging.getLogger("ftjob.lighthouse")
 
 
 class QuorumError(Exception):
@@ -86,6 +89,7 @@ class QuorumCore:
         quorum_id: int = 0,
         committed_step: int = 0,
         history_len: int = 200,
+        step_floor_until: float | None = None,
     ) -> None:
         if min_replicas < 1:
             raise ValueError(f"min_replicas must be >= 1, got {min_replicas}")
@@ -94,6 +98,9 @@ class QuorumCore:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.quorum_id = quorum_id  # id of the last quorum issued (or restored from the state file)
         self.committed_step = committed_step  # highest step any quorum started from: never go below it
+        # A floor restored from the operator's records (a new lighthouse pod) holds only until this time, unless a
+        # quorum confirms it first: when no surviving group holds that step any more, training goes on from the best.
+        self.step_floor_until = step_floor_until
         self.abort_below = 0  # in-flight quorums with an id below this must abort their collectives
         self.desired: int | None = None  # contributing groups wanted; None = every up-to-date member
         self.group_limit: int | None = None  # group ids the operator created are below this; None = unbounded
@@ -297,10 +304,18 @@ class QuorumCore:
         askers = sorted((m for m in self.members.values() if m.asking), key=lambda m: group_sort_key(m.group))
         max_step = max(m.step for m in askers)
         if max_step < self.committed_step:
-            self.blocked_reason = (
-                f"no asking group holds committed step {self.committed_step} (best: {max_step}); waiting for one"
+            if self.step_floor_until is None or now < self.step_floor_until:
+                self.blocked_reason = (
+                    f"no asking group holds committed step {self.committed_step} (best: {max_step}); waiting for one"
+                )
+                return None
+            log.warning(
+                "no group came back holding the restored committed step %d; going on from step %d",
+                self.committed_step,
+                max_step,
             )
-            return None
+            self.committed_step = max_step
+        self.step_floor_until = None  # confirmed (or given up): from now on the floor is this lighthouse's own
         keys = {m.group: m.incarnation for m in askers}
         changed = keys != self._prev or self._prev_lost or any(m.commit_failures for m in askers)
         if changed or self.abort_below > self.quorum_id:

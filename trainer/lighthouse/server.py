@@ -133,6 +133,15 @@ class LighthouseServer:
             for _inc, ws in list(sockets):
                 await ws.close()
 
+    async def shutdown(self) -> None:
+        """Before stopping: answer every long-poll (503: retry) and close every watch socket, so the groups move
+        on to the replacement lighthouse at once instead of waiting for their sockets to time out."""
+        for _inc, fut in list(self._waiters.values()):
+            if not fut.done():
+                fut.set_exception(QuorumError(503, "the lighthouse is shutting down; retry"))
+        sockets = [ws for group in self._watchers.values() for _inc, ws in group]
+        await asyncio.gather(*(ws.close(code=1001, message=b"lighthouse shutting down") for ws in sockets))
+
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(self._tick_s)

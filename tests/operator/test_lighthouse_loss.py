@@ -1,0 +1,164 @@
+"""Losing the lighthouse costs nothing: the real reference trainer under the operator, two groups, and the
+lighthouse pod force-deleted, gracefully deleted, lost with its node, or lost together with one group. Every time the
+groups keep their state, the operator starts a replacement lighthouse from the last quorum id and committed step it
+saw, the survivors go on from where they were, and the job Succeeds with no step trained twice, every sample trained
+exactly once and equal parameters everywhere. Prints the time from the loss to the next commit."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ftjob import contract
+from ftjob.ft.records import CommitRecord, FinishedRecord, StartRecord, read_run_dir
+from ftjob.launch.run_records import sample_coverage
+from helpers import cluster, wait_for
+from opkit import (
+    condition,
+    create_job,
+    get_job,
+    job_manifest,
+    kill_pod_processes,
+    lighthouse_pod,
+    lighthouse_status,
+    running_groups,
+    set_unschedulable,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+JOB = "lhl"
+STEPS = 240  # paced (0.2 s a step): the loss lands mid-run, far from the end
+TRAIN = ["ftjob-trainer", "train", "--model", "tiny", "--steps", str(STEPS), "--corpus-bytes", "262144",
+         "--batch-size", "4", "--log-every", "20", "--min-step-seconds", "0.2", "--run-dir", "/records"]  # fmt: skip
+LIGHTHOUSE_PODS = f"{contract.LABEL_JOB}={JOB},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
+RECORDS_ROOT = Path("/var/tmp/ftjob-test-records")  # a host path every node of the local cluster shares
+
+
+@pytest.fixture
+def records(namespace: str) -> Iterator[Path]:
+    path = RECORDS_ROOT / namespace
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def manifest(records: Path, workers_on: str | None = None) -> dict[str, Any]:
+    m = job_manifest(JOB, command=TRAIN, replicas=2, minReplicas=1, lighthouse={"heartbeatTimeoutSeconds": 5},
+                     failurePolicy={"maxRestartsPerGroup": 2})  # fmt: skip
+    pod = m["spec"]["template"]["spec"]
+    pod["containers"][0]["volumeMounts"] = [{"name": "records", "mountPath": "/records"}]
+    pod["volumes"] = [{"name": "records", "hostPath": {"path": str(records), "type": "DirectoryOrCreate"}}]
+    if workers_on:  # the lighthouse is not pinned: it goes wherever the scheduler can put it
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [workers_on]}]}
+        required = {"nodeSelectorTerms": [term]}
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    return m
+
+
+def start_job(kube: Any, namespace: str, records: Path, nodes: tuple[str, str] | None) -> dict[int, list]:
+    if nodes is None:
+        create_job(kube.custom, namespace, manifest(records))
+    else:  # the lighthouse alone on node A, both groups on node B
+        node_a, node_b = nodes
+        set_unschedulable(kube.core, node_b, True)
+        create_job(kube.custom, namespace, manifest(records, workers_on=node_b))
+        lh = wait_for(lambda: lighthouse_pod(kube.core, namespace, JOB), 120, "the lighthouse running")
+        assert lh.spec.node_name == node_a
+        set_unschedulable(kube.core, node_b, False)
+    return wait_for(lambda: (g := running_groups(kube.core, namespace, JOB)) and len(g) == 2 and g, 240,
+                    "2 training groups running")  # fmt: skip
+
+
+def lighthouse_figures(kube: Any, namespace: str) -> tuple[int, int] | None:
+    try:
+        s = lighthouse_status(kube.core, namespace, JOB)
+    except (AssertionError, OSError):
+        return None  # not (or no longer) exactly one running lighthouse
+    return s.quorum_id, s.max_step
+
+
+def check_records(records: Path, killed_group: str | None, lost_at: float) -> float:
+    """Exactly-once samples, steps never trained twice, equal digests; returns the loss -> next commit time."""
+    by_group = read_run_dir(records)
+    assert set(by_group) == {"0", "1"}, f"run records of groups {sorted(by_group)}"
+    cov = sample_coverage(by_group)
+    assert (cov.dropped, cov.duplicated, cov.inconsistent_steps, cov.shard_errors) == (0, 0, [], []), cov
+    digests = {}
+    for group, recs in by_group.items():
+        starts = [r for r in recs if isinstance(r, StartRecord)]
+        assert len(starts) == (2 if group == killed_group else 1), f"group {group} started {len(starts)} times"
+        steps = [r.step for r in recs if isinstance(r, CommitRecord)]
+        if group != killed_group:  # a survivor commits every step exactly once, in order
+            assert steps == list(range(1, STEPS + 1)), f"group {group} committed {steps[:5]}...{steps[-5:]}"
+        else:  # the replacement heals to where its peer is and goes on; nothing is committed twice
+            assert len(steps) == len(set(steps)) and steps == sorted(steps), f"group {group}: {steps}"
+        finished = [r for r in recs if isinstance(r, FinishedRecord)]
+        assert finished and finished[-1].step == STEPS, f"group {group} did not finish"
+        digests[group] = finished[-1].param_digest
+    assert len(set(digests.values())) == 1, f"groups diverged: {digests}"
+    survivor = next(g for g in by_group if g != killed_group)
+    after = [r.t for r in by_group[survivor] if isinstance(r, CommitRecord) and r.t > lost_at]
+    assert after, "no commit after the loss"
+    return after[0] - lost_at
+
+
+@pytest.mark.parametrize("how", ["force-deleted", "gracefully-deleted", "node-killed", "with-a-group"])
+def test_losing_the_lighthouse_loses_nothing(kube, namespace, operators, records, how, request):
+    nodes = request.getfixturevalue("two_nodes") if how == "node-killed" else None
+    operators()
+    before = start_job(kube, namespace, records, nodes)
+    old = lighthouse_pod(kube.core, namespace, JOB)
+    wait_for(lambda: (f := lighthouse_figures(kube, namespace)) and f[1] >= 30, 300, "30 committed steps")
+    wait_for(lambda: get_job(kube.custom, namespace, JOB).get("status", {}).get("lighthouse", {}).get("seen"), 60,
+             "the operator to record the lighthouse as seen")  # fmt: skip
+    id_before, step_before = lighthouse_figures(kube, namespace) or (0, 0)
+
+    lost_at = time.time()
+    killed_group = None
+    if how == "force-deleted":
+        kube.core.delete_namespaced_pod(old.metadata.name, namespace, grace_period_seconds=0)
+    elif how == "gracefully-deleted":
+        kube.core.delete_namespaced_pod(old.metadata.name, namespace)
+    elif how == "node-killed":
+        cluster("kill-node", old.spec.node_name)
+    else:
+        kube.core.delete_namespaced_pod(old.metadata.name, namespace, grace_period_seconds=0)
+        assert kill_pod_processes(before[1][0]) >= 1
+        killed_group = "1"
+
+    reported: list[int] = []  # the committed step in the job's status, sampled all along
+    new_lh: dict[str, Any] = {}
+
+    def finished() -> dict[str, Any] | None:
+        job = get_job(kube.custom, namespace, JOB)
+        step = ((job.get("status") or {}).get("quorum") or {}).get("step")
+        if isinstance(step, int):
+            reported.append(step)
+        if "first_id" not in new_lh:
+            pods = [p for p in kube.core.list_namespaced_pod(namespace, label_selector=LIGHTHOUSE_PODS).items
+                    if p.metadata.uid != old.metadata.uid and p.status.phase == "Running"]  # fmt: skip
+            figures = lighthouse_figures(kube, namespace) if pods else None
+            if figures and figures[0]:  # the replacement issued its first quorum
+                new_lh.update(first_id=figures[0], first_step=figures[1], at=time.time())
+        if condition(job, "Succeeded") or condition(job, "Failed"):
+            return job
+        return None
+
+    job = wait_for(finished, 600, "the job to finish")
+    assert condition(job, "Succeeded"), job["status"]
+    assert new_lh, "never saw the replacement lighthouse issue a quorum"
+    assert new_lh["first_id"] > id_before, f"quorum ids went back: {id_before} -> {new_lh['first_id']}"
+    assert new_lh["first_step"] >= step_before, f"the new lighthouse started below step {step_before}: {new_lh}"
+    assert reported == sorted(reported), f"status reported a lower committed step: {reported}"
+    groups = {g["index"]: g for g in job["status"]["replicaGroups"]}
+    for idx, g in groups.items():
+        assert g["restarts"] == (1 if str(idx) == killed_group else 0), f"group {idx} restarted: {g}"
+        if str(idx) != killed_group:
+            assert g["pods"] == [p.metadata.name for p in before[idx]], f"group {idx} lost its pods"
+    to_commit = check_records(records, killed_group, lost_at)
+    print(f"\n[lighthouse loss: {how}] loss -> next commit {to_commit:.2f}s; "
+          f"loss -> replacement's first quorum {new_lh['at'] - lost_at:.2f}s (polled)")  # fmt: skip
