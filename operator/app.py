@@ -17,6 +17,7 @@ from ftjob.operator.handlers import REGISTRY
 from ftjob.operator.jobs import JobRegistry
 from ftjob.operator.kubeapi import KubeApi, load_client
 from ftjob.operator.leader import LeaderElector, LeaseConfig
+from ftjob.operator.node_policy import NodePolicy
 from ftjob.operator.settings import Settings
 
 log = logging.getLogger("ftjob.operator")
@@ -41,7 +42,7 @@ async def run(settings: Settings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     code = 0
-    jobs = JobRegistry(kube)
+    jobs = JobRegistry(kube, NodePolicy(kube, settings.cordon_after_failures, settings.cordon_window_s))
     try:
         if not await kube.crd_served():
             log.error(

@@ -12,6 +12,7 @@ import kopf
 from ftjob import contract
 from ftjob.operator.jobs import JobRegistry
 from ftjob.operator.model import PodView
+from ftjob.operator.node_health import NodeView
 
 REGISTRY = kopf.OperatorRegistry()
 MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
@@ -55,9 +56,8 @@ async def ftjob_pods(
 
 
 @kopf.index("nodes", registry=REGISTRY)
-async def ftjob_nodes(name: str, status: Any, **_: Any) -> dict[str, bool]:
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    return {name: ready}
+async def ftjob_nodes(name: str, spec: Any, status: Any, **_: Any) -> dict[str, NodeView]:
+    return {name: NodeView.from_node(_plain(spec), _plain(status))}
 
 
 @kopf.on.event("pods", labels=MANAGED, registry=REGISTRY)
@@ -68,12 +68,15 @@ async def pod_event(namespace: str, labels: Any, memo: kopf.Memo, **_: Any) -> N
 
 
 @kopf.on.event("nodes", registry=REGISTRY)
-async def node_event(name: str, status: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    seen: dict[str, bool] = memo.setdefault("node_ready_seen", {})
-    if seen.get(name) != ready:
-        seen[name] = ready
-        logger.info("node %s ready=%s", name, ready)
+async def node_event(name: str, spec: Any, status: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    view = NodeView.from_node(_plain(spec), _plain(status))
+    # what decides lost / degrading: readiness, cordon, taints, and condition types + statuses (not heartbeat times)
+    facts = (view.ready, view.unschedulable, view.taints, tuple((t, s) for t, s, _ in view.conditions))
+    seen: dict[str, Any] = memo.setdefault("node_ready_seen", {})
+    if seen.get(name) != facts:
+        if seen.get(name) is None or seen[name][0] != view.ready:
+            logger.info("node %s ready=%s", name, view.ready)
+        seen[name] = facts
         _jobs(memo).wake_all()
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from ftjob.operator import metrics
 from ftjob.operator.kubeapi import KubeApi
 from ftjob.operator.lighthouse_client import LighthouseClient
+from ftjob.operator.node_policy import NodePolicy
 from ftjob.operator.worker import JobWorker
 
 log = logging.getLogger("ftjob.operator.jobs")
@@ -17,8 +18,9 @@ Key = tuple[str, str]
 
 
 class JobRegistry:
-    def __init__(self, kube: KubeApi) -> None:
+    def __init__(self, kube: KubeApi, node_policy: NodePolicy | None = None) -> None:
         self.kube = kube
+        self.node_policy = node_policy or NodePolicy(kube)
         self.lighthouse = LighthouseClient()
         self.workers: dict[Key, JobWorker] = {}
         self.pod_index: Mapping[Any, Any] = {}
@@ -39,7 +41,7 @@ class JobRegistry:
             worker = None
         if worker is None:
             worker = JobWorker(key[0], key[1], body, self.kube, self.lighthouse, self.pod_index, self.node_index,
-                               self._phase_changed)  # fmt: skip
+                               self._phase_changed, self.node_policy)  # fmt: skip
             self.workers[key] = worker
             worker.start()
             log.info("watching job %s/%s", *key)

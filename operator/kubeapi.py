@@ -166,6 +166,35 @@ class KubeApi:
         except Exception as e:  # an Event is a courtesy; the status carries the truth
             log.warning("could not post event %s on %s: %s", reason, meta["name"], e)
 
+    async def cordon_node(self, name: str) -> bool:
+        try:
+            await self._call(self.core.patch_node, name, {"spec": {"unschedulable": True}})
+            return True
+        except Exception as e:  # RBAC without nodes/patch, or the node is gone: say so, keep reconciling
+            log.warning("could not cordon node %s: %s", name, e)
+            return False
+
+    async def post_node_event(self, namespace: str, node: str, type_: str, reason: str, message: str) -> None:
+        """An Event about a Node, in a namespace the operator may write Events in (the job's)."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{node}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": contract.MANAGED_BY},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._call(self.core.create_namespaced_event, namespace, event, _preload_content=False)
+        except Exception as e:
+            log.warning("could not post event %s on node %s: %s", reason, node, e)
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.api.close()

@@ -7,7 +7,14 @@ import logging
 
 import aiohttp
 from ftjob import contract
-from ftjob.contract.lighthouse_api import DesiredRequest, EvictRequest, Request, StartingRequest, StatusResponse
+from ftjob.contract.lighthouse_api import (
+    DesiredRequest,
+    EvictRequest,
+    HandoverRequest,
+    Request,
+    StartingRequest,
+    StatusResponse,
+)
 from ftjob.operator.lighthouse_view import LighthouseView
 from pydantic import ValidationError
 
@@ -41,6 +48,12 @@ class LighthouseClient:
     async def evict(self, base: str, token: str, groups: list[int], reason: str) -> bool:
         return await self._post(
             base, token, contract.PATH_EVICT, EvictRequest(groups=[str(g) for g in groups], reason=reason)
+        )
+
+    async def handover(self, base: str, token: str, groups: list[int], reason: str) -> bool:
+        """Make-before-break: the groups' next incarnation replaces the current one without aborting its quorum."""
+        return await self._post(
+            base, token, contract.PATH_HANDOVER, HandoverRequest(groups=[str(g) for g in groups], reason=reason)
         )
 
     async def starting(self, base: str, token: str, groups: list[int]) -> bool:

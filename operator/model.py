@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftjob import contract
+from ftjob.operator.node_health import NodeHealthPolicy
 
 ACTION_RESTART_GROUP = "RestartGroup"
 ACTION_FAIL_JOB = "FailJob"
@@ -44,6 +45,7 @@ class FailurePolicy:
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
     rules: tuple[ExitCodeRule, ...] = ()
+    unschedulable_timeout_s: float | None = None  # opt-in: fail the job when pods cannot be scheduled this long
 
     def action_for_exit(self, container: str, exit_code: int) -> str:
         """The first matching rule's action; RestartGroup when no rule matches."""
@@ -73,6 +75,7 @@ class JobSpec:
     lighthouse: LighthouseSpec
     suspend: bool = False
     ttl_seconds_after_finished: int | None = None
+    node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
 
     @property
     def total_groups(self) -> int:
@@ -109,6 +112,9 @@ class JobSpec:
                 backoff_base_s=float(backoff.get("baseSeconds", 1)),
                 backoff_max_s=float(backoff.get("maxSeconds", 60)),
                 rules=rules,
+                unschedulable_timeout_s=None
+                if fp.get("unschedulableTimeoutSeconds") is None
+                else float(fp["unschedulableTimeoutSeconds"]),
             ),
             lighthouse=LighthouseSpec(
                 image=lh.get("image"),
@@ -119,6 +125,7 @@ class JobSpec:
             ),
             suspend=bool(spec.get("suspend", False)),
             ttl_seconds_after_finished=None if ttl is None else int(ttl),
+            node_health=NodeHealthPolicy.from_dict(spec.get("nodeHealth")),
         )
 
 
@@ -135,6 +142,9 @@ class GroupState:
     failed_at: float | None = None  # when the failure that started this generation was seen (recovery metric)
     last_failure: str = ""
     all_pods_seen: bool = False  # every pod of this generation was observed once: a missing one was deleted
+    # make-before-break: the generation still training on a degrading node while this one starts elsewhere
+    migrating_from: int | None = None
+    migrating_since: float | None = None
 
 
 @dataclass
@@ -180,6 +190,7 @@ class PodView:
     waiting_container: str = ""
     unschedulable: str = ""  # the scheduler's message while PodScheduled is False (reason Unschedulable)
     owner_uid: str | None = None  # the controlling job's uid: a recreated job never adopts its predecessor's pods
+    created: float | None = None  # metadata.creationTimestamp (an unschedulable pod has waited since then)
 
     @property
     def terminal(self) -> bool:
@@ -239,6 +250,7 @@ class PodView:
             waiting_container=waiting[0],
             unschedulable=unschedulable,
             owner_uid=owner,
+            created=parse_time(meta["creationTimestamp"]) if meta.get("creationTimestamp") else None,
         )
 
 

@@ -22,6 +22,8 @@ class Settings:
     identity: str
     kubeconfig: str | None
     verbose: bool
+    cordon_after_failures: int | None = None
+    cordon_window_s: float = 3600.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,6 +48,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--identity", default=None, help="this replica's name in the Lease (default: host-pid-random)")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    p.add_argument("--cordon-after-failures", type=int, default=None, metavar="K",
+                   help="cordon a node after K replica-group failures on it within --cordon-window, across jobs, "
+                   "with an Event on the node (default: never; needs RBAC to patch nodes)")  # fmt: skip
+    p.add_argument("--cordon-window", type=float, default=3600.0, metavar="SECONDS",
+                   help="the window of --cordon-after-failures")  # fmt: skip
     return p
 
 
@@ -57,6 +64,10 @@ def parse(argv: list[str] | None = None) -> Settings:
     for port, flag in ((args.metrics_port, "--metrics-port"), (args.health_port, "--health-port")):
         if not 0 <= port <= 65535:
             p.error(f"{flag} must be between 0 and 65535, got {port}")
+    if args.cordon_after_failures is not None and args.cordon_after_failures < 1:
+        p.error(f"--cordon-after-failures must be >= 1, got {args.cordon_after_failures}")
+    if args.cordon_window <= 0:
+        p.error(f"--cordon-window must be > 0, got {args.cordon_window}")
     lease_ns = args.lease_namespace or os.environ.get("POD_NAMESPACE") or (args.namespace or ["default"])[0]
     identity = args.identity or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     return Settings(
@@ -71,4 +82,6 @@ def parse(argv: list[str] | None = None) -> Settings:
         identity=identity,
         kubeconfig=args.kubeconfig,
         verbose=args.verbose,
+        cordon_after_failures=args.cordon_after_failures,
+        cordon_window_s=args.cordon_window,
     )

@@ -42,6 +42,8 @@ def state_from_status(status: dict[str, Any] | None) -> JobState:
             failed_at=parse_time(g.get("failedAt")),
             last_failure=g.get("lastFailure") or "",
             all_pods_seen=bool(g.get("allPodsSeen", False)),
+            migrating_from=None if g.get("migratingFrom") is None else int(g["migratingFrom"]),
+            migrating_since=parse_time(g.get("migratingSince")),
         )
     s.retired_generations = {int(k): int(v) for k, v in (status.get("retiredGenerations") or {}).items()}
     lh = status.get("lighthouse") or {}
@@ -98,6 +100,11 @@ def build_status(
             blocker = group_blocker(mine, (create_refused or {}).get(idx, ""))
         if blocker is not None:
             blockers[idx] = blocker
+        migrating = None
+        if g.migrating_from is not None:
+            waits = group_blocker(mine, (create_refused or {}).get(idx, ""))
+            migrating = f"{g.last_failure}; generation {g.migrating_from} trains on until generation {g.generation} "
+            migrating += f"takes over ({waits.line()})" if waits else "takes over"
         info = lh_groups.get(str(idx))
         contributing = info.contributing if info else None
         entry: dict[str, Any] = {
@@ -120,6 +127,9 @@ def build_status(
             "lastFailure": g.last_failure or None,
             "waiting": blocker.line() if blocker else None,
             "allPodsSeen": g.all_pods_seen,
+            "migrating": migrating,
+            "migratingFrom": g.migrating_from,
+            "migratingSince": format_time(g.migrating_since, precise=True),
         }
         groups_out.append({k: v for k, v in entry.items() if v is not None})
 

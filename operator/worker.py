@@ -28,6 +28,8 @@ from ftjob.operator.kubeapi import KubeApi
 from ftjob.operator.lighthouse_client import LighthouseClient, base_url
 from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import JobSpec, JobState, PodView
+from ftjob.operator.node_health import NodeView, degraded_nodes
+from ftjob.operator.node_policy import NodePolicy
 from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, SURVIVOR_PHASES, Actions, Observed, Result, plan
 from ftjob.operator.status import REASON_BELOW_MIN_REPLICAS, build_status, state_from_status
 from ftjob.operator.stuck import LIGHTHOUSE, REASON_POD_CREATION_REFUSED
@@ -54,12 +56,14 @@ class JobWorker:
         pods: Mapping[Any, Any],
         nodes: Mapping[Any, Any] | None,
         on_phase: Any,
+        node_policy: NodePolicy | None = None,
     ) -> None:
         self.namespace, self.name = namespace, name
         self.body = body
         self.kube, self.lighthouse = kube, lighthouse
         self.pod_index, self.node_index = pods, nodes
         self.on_phase = on_phase  # callback(key, phase | None): feeds the jobs-by-condition gauge
+        self.node_policy = node_policy or NodePolicy(kube)
         self.wake_event = asyncio.Event()
         self.state: JobState | None = None
         self.deleting: set[str] = set()
@@ -132,7 +136,10 @@ class JobWorker:
     def _node_ready(self) -> dict[str, bool] | None:
         if not self.node_index:
             return None  # nodes not watchable (or none yet): never call a node lost on no evidence
-        return {name: all(store) for name, store in self.node_index.items()}
+        return {name: all(v.ready for v in store) for name, store in self.node_index.items()}
+
+    def _nodes(self) -> dict[str, NodeView]:
+        return {name: view for name, store in (self.node_index or {}).items() for view in list(store)[:1]}
 
     async def reconcile(self) -> float:
         """Returns the delay until the next reconcile (a wake-up comes sooner), or -1 when the job was deleted."""
@@ -147,7 +154,8 @@ class JobWorker:
         await self._poll_lighthouse(pods, now)
         finished = self.lh_view.finished_groups if self.lh_view else set()
         silent = self._silent_groups(spec, now)
-        obs = Observed(pods, self._node_ready(), set(self.deleting), now, finished, silent)
+        degraded = degraded_nodes(spec.node_health, self._nodes())
+        obs = Observed(pods, self._node_ready(), set(self.deleting), now, finished, silent, degraded)
         result = plan(self.name, spec, self.state, obs)
         a = result.actions
         lh_base = self._lighthouse_base(pods, self.state)
@@ -156,6 +164,10 @@ class JobWorker:
 
         if a.evict:
             await self._evict(lh_base, a)
+        if a.handover:
+            await self._handover(lh_base, a.handover)
+        for node in a.failed_nodes:
+            await self.node_policy.group_failed(node, self.namespace, self.name)
         if self.token is None and result.state.outcome is None:
             await self._ensure_token()
         self.state = result.state
@@ -257,6 +269,15 @@ class JobWorker:
             if ok:
                 log.info("%s/%s: lighthouse evicted group %s (%s)", self.namespace, self.name, group, reason)
                 self._event("Normal", "LighthouseEvicted", f"the lighthouse dropped replica group {group}: {reason}")
+
+    async def _handover(self, base: str | None, handover: list[tuple[int, str]]) -> None:
+        """Before a migrating group's replacement starts: its old generation is to leave at a step boundary."""
+        for group, reason in handover:
+            ok = base is not None and self.token is not None
+            ok = ok and await self.lighthouse.handover(base, self.token, [group], reason[:500])
+            metrics.LIGHTHOUSE_CALLS.labels("handover", "ok" if ok else "error").inc()
+            if not ok:  # the replacement still takes over, only less smoothly (the lighthouse drops the old one)
+                log.warning("%s/%s: lighthouse not told of group %s's hand-over", self.namespace, self.name, group)
 
     async def _tell_lighthouse(self, base: str | None, spec: JobSpec, result: Result) -> bool:
         """Starting groups and the desired contributor count; True when something must be retried."""

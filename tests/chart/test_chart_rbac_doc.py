@@ -49,6 +49,14 @@ def test_namespaced_grants_equal_the_operator_doc() -> None:
     assert granted(render("doc", "ops", {"watchNamespaces": "{a,b}"})) == documented() | DOCUMENTED_EXTRAS
 
 
+def test_the_opt_in_cordon_rule_adds_exactly_node_patch() -> None:
+    on = {"nodeHealth.cordonAfterFailures": "3"}
+    assert granted(render("doc", "ops", on)) == documented() | DOCUMENTED_EXTRAS | {("", "nodes", "patch")}
+    args = next(o for o in render("doc", "ops", on) if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    flags = args["containers"][0]["args"]
+    assert "--cordon-after-failures=3" in flags and "--cordon-window=3600" in flags
+
+
 def test_no_wildcards_anywhere() -> None:
     for g, r, v in granted(render("doc", "ops")):
         assert "*" not in (g, r, v), (g, r, v)

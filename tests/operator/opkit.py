@@ -57,6 +57,7 @@ def job_manifest(name: str, *, command: list[str] | None = None, **spec: Any) ->
         "template": {"spec": {"terminationGracePeriodSeconds": 2, "containers": [container]}},
         "lighthouse": {"heartbeatTimeoutSeconds": 600},  # so only the operator's eviction can drop a group
         "failurePolicy": {"backoff": {"baseSeconds": 0, "maxSeconds": 0}},
+        "nodeHealth": {"cordoned": False},  # tests place pods by cordoning nodes: that must not move groups
     }
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(body.get(key), dict):

@@ -14,29 +14,24 @@ from typing import Any
 
 import pytest
 from ftjob import contract
-from ftjob.ft.records import CommitRecord, FinishedRecord, StartRecord, read_run_dir
-from ftjob.launch.run_records import sample_coverage
 from helpers import cluster, wait_for
 from opkit import (
     condition,
     create_job,
     get_job,
-    job_manifest,
     kill_pod_processes,
     lighthouse_pod,
     lighthouse_status,
     running_groups,
     set_unschedulable,
 )
+from trainkit import RECORDS_ROOT, check_run, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 JOB = "lhl"
-STEPS = 240  # paced (0.2 s a step): the loss lands mid-run, far from the end
-TRAIN = ["ftjob-trainer", "train", "--model", "tiny", "--steps", str(STEPS), "--corpus-bytes", "262144",
-         "--batch-size", "4", "--log-every", "20", "--min-step-seconds", "0.2", "--run-dir", "/records"]  # fmt: skip
+STEPS = 240
 LIGHTHOUSE_PODS = f"{contract.LABEL_JOB}={JOB},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
-RECORDS_ROOT = Path("/var/tmp/ftjob-test-records")  # a host path every node of the local cluster shares
 
 
 @pytest.fixture
@@ -47,16 +42,7 @@ def records(namespace: str) -> Iterator[Path]:
 
 
 def manifest(records: Path, workers_on: str | None = None) -> dict[str, Any]:
-    m = job_manifest(JOB, command=TRAIN, replicas=2, minReplicas=1, lighthouse={"heartbeatTimeoutSeconds": 5},
-                     failurePolicy={"maxRestartsPerGroup": 2})  # fmt: skip
-    pod = m["spec"]["template"]["spec"]
-    pod["containers"][0]["volumeMounts"] = [{"name": "records", "mountPath": "/records"}]
-    pod["volumes"] = [{"name": "records", "hostPath": {"path": str(records), "type": "DirectoryOrCreate"}}]
-    if workers_on:  # the lighthouse is not pinned: it goes wherever the scheduler can put it
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [workers_on]}]}
-        required = {"nodeSelectorTerms": [term]}
-        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
-    return m
+    return training_job(JOB, STEPS, records, workers_on, replicas=2, minReplicas=1)
 
 
 def start_job(kube: Any, namespace: str, records: Path, nodes: tuple[str, str] | None) -> dict[int, list]:
@@ -79,31 +65,6 @@ def lighthouse_figures(kube: Any, namespace: str) -> tuple[int, int] | None:
     except (AssertionError, OSError):
         return None  # not (or no longer) exactly one running lighthouse
     return s.quorum_id, s.max_step
-
-
-def check_records(records: Path, killed_group: str | None, lost_at: float) -> float:
-    """Exactly-once samples, steps never trained twice, equal digests; returns the loss -> next commit time."""
-    by_group = read_run_dir(records)
-    assert set(by_group) == {"0", "1"}, f"run records of groups {sorted(by_group)}"
-    cov = sample_coverage(by_group)
-    assert (cov.dropped, cov.duplicated, cov.inconsistent_steps, cov.shard_errors) == (0, 0, [], []), cov
-    digests = {}
-    for group, recs in by_group.items():
-        starts = [r for r in recs if isinstance(r, StartRecord)]
-        assert len(starts) == (2 if group == killed_group else 1), f"group {group} started {len(starts)} times"
-        steps = [r.step for r in recs if isinstance(r, CommitRecord)]
-        if group != killed_group:  # a survivor commits every step exactly once, in order
-            assert steps == list(range(1, STEPS + 1)), f"group {group} committed {steps[:5]}...{steps[-5:]}"
-        else:  # the replacement heals to where its peer is and goes on; nothing is committed twice
-            assert len(steps) == len(set(steps)) and steps == sorted(steps), f"group {group}: {steps}"
-        finished = [r for r in recs if isinstance(r, FinishedRecord)]
-        assert finished and finished[-1].step == STEPS, f"group {group} did not finish"
-        digests[group] = finished[-1].param_digest
-    assert len(set(digests.values())) == 1, f"groups diverged: {digests}"
-    survivor = next(g for g in by_group if g != killed_group)
-    after = [r.t for r in by_group[survivor] if isinstance(r, CommitRecord) and r.t > lost_at]
-    assert after, "no commit after the loss"
-    return after[0] - lost_at
 
 
 @pytest.mark.parametrize("how", ["force-deleted", "gracefully-deleted", "node-killed", "with-a-group"])
@@ -159,6 +120,9 @@ def test_losing_the_lighthouse_loses_nothing(kube, namespace, operators, records
         assert g["restarts"] == (1 if str(idx) == killed_group else 0), f"group {idx} restarted: {g}"
         if str(idx) != killed_group:
             assert g["pods"] == [p.metadata.name for p in before[idx]], f"group {idx} lost its pods"
-    to_commit = check_records(records, killed_group, lost_at)
+    commits = check_run(records, {"0", "1"}, STEPS, {killed_group} if killed_group else set())
+    after = [c.t for c in commits["0"] if c.t > lost_at]  # group 0 survives every case
+    assert after, "no commit after the loss"
+    to_commit = after[0] - lost_at
     print(f"\n[lighthouse loss: {how}] loss -> next commit {to_commit:.2f}s; "
           f"loss -> replacement's first quorum {new_lh['at'] - lost_at:.2f}s (polled)")  # fmt: skip

@@ -211,3 +211,46 @@ def test_restart_with_state_file_keeps_ids_increasing_and_refuses_older_steps(tm
         assert code == 200 and q["quorum_id"] == 2
     finally:
         lh.kill()
+
+
+def test_handover_over_http_needs_the_token_validates_and_replaces_without_an_abort(lighthouse: Lighthouse):
+    body = {"groups": ["1"], "reason": "node degrading"}
+    code, answer = lighthouse.request("POST", contract.PATH_HANDOVER, body, token="")
+    assert code == 401 and "Authorization: Bearer" in answer["error"]
+    code, answer = lighthouse.request("POST", contract.PATH_HANDOVER, body, token="not-the-token")
+    assert code == 401 and "wrong bearer token" in answer["error"]
+    code, answer = lighthouse.request("POST", contract.PATH_HANDOVER, body)
+    assert code == 404 and "unknown replica group" in answer["error"]  # never seen yet
+    for raw, message in (
+        (b"{not json", "Invalid JSON"),
+        (json.dumps({"groups": "1"}).encode(), "groups: Input should be a valid array"),
+        (json.dumps({"groups": [1]}).encode(), "groups.0: Input should be a valid string"),
+        (json.dumps({"groups": ["01"]}).encode(), "groups.0: String should match pattern"),
+        (json.dumps({"groups": ["1"], "reason": "r" * 513}).encode(), "reason: String should have at most 512"),
+        (json.dumps({"groups": ["1"], "why": "x"}).encode(), "why: Extra inputs are not permitted"),
+        (json.dumps({"reason": "x"}).encode(), "groups: Field required"),
+    ):
+        code, answer = lighthouse.request("POST", contract.PATH_HANDOVER, raw=raw)
+        assert code == 400 and message in answer["error"], (raw, answer)
+    assert lighthouse.status().handing_over == []
+
+    for g in ("0", "1"):  # both live first, so the first asker waits (join timeout) for the other
+        lighthouse.request("POST", contract.PATH_HEARTBEAT, {"group": g, "incarnation": f"inc-{g}", "step": 0})
+    results = ask_all(lighthouse, [quorum_body("0", step=4), quorum_body("1", step=4)])
+    assert [code for code, _ in results] == [200, 200] and results[0][1]["quorum_id"] == 1
+    code, answer = lighthouse.request("POST", contract.PATH_HANDOVER, {"groups": ["1", "7"], "reason": "x"})
+    assert code == 404 and lighthouse.status().handing_over == []  # all or nothing
+    code, answer = lighthouse.request("POST", contract.PATH_HANDOVER, body)
+    assert code == 200 and answer == {"handing_over": ["1"], "expires_in_s": 600.0}
+    assert lighthouse.status().handing_over == ["1"]
+    new = {"group": "1", "incarnation": "inc-1-new", "step": 0}
+    assert lighthouse.request("POST", contract.PATH_HEARTBEAT, new)[0] == 200  # the new incarnation comes up
+    status = lighthouse.status()
+    assert status.abort_below == 0 and status.handing_over == [] and status.history[-1].reason.startswith("handed")
+    code, answer = lighthouse.request("POST", contract.PATH_QUORUM, quorum_body("1", step=5))
+    assert code == 410 and "evicted" in answer["error"]  # the old incarnation
+    code, q = lighthouse.request("POST", contract.PATH_QUORUM, quorum_body("0", step=5, timeout_s=5.0))
+    assert code == 200 and q["quorum_id"] == 2 and q["replica_world_size"] == 1 and q["abort_below"] == 0
+    code, metrics = lighthouse.request("GET", contract.PATH_METRICS)
+    assert 'ftjob_lighthouse_evictions_total{reason="handed_over"} 1.0' in metrics
+    assert 'ftjob_lighthouse_request_seconds_count{path="/v1/handover"}' in metrics

@@ -246,3 +246,126 @@ def test_no_step_0_sync_past_step_0_or_without_fresh_groups():
     ask(c, "1", step=1, now=0.1, fresh=True)  # past step 0 "fresh" means nothing
     q = c.poll(0.1)
     assert q is not None and q.heals == 0
+
+
+def test_handover_replaces_a_group_without_aborting_and_the_survivors_go_on_at_once():
+    c = core(join=30.0)  # a long join timeout: forming "at once" below cannot be the timeout passing
+    for g in "012":
+        ask(c, g, step=7)
+    q = c.poll(0.0)
+    assert q is not None and q.groups == ("0", "1", "2") and c.abort_below == 0
+    assert c.handover(["1"], "node degrading", 0.1) == ["1"]
+    assert c.status(0.1).handing_over == ["1"] and c.abort_below == 0  # marking alone changes nothing else
+    c.heartbeat("1", "inc-1-new", 0, now=0.2)  # the new incarnation's pods come up elsewhere, at step 0
+    assert c.abort_below == 0  # the quorum in flight, old incarnation included, completes and commits
+    assert c.status(0.2).handing_over == [] and c.members["1"].incarnation == "inc-1-new"
+    assert c.history[-1].reason == "handed_over: node degrading"
+    with pytest.raises(QuorumError) as e:
+        ask(c, "1", step=8, now=0.3)  # the old incarnation, done with its step: banned
+    assert e.value.status == 410
+    ask(c, "0", step=8, now=0.3)
+    assert c.poll(0.3) is None  # group 2 of the last quorum is still to ask (fast path: wait for it, no timeout)
+    ask(c, "2", step=8, now=0.3)
+    q2 = c.poll(0.3)  # at once: neither the old incarnation nor the new one (still starting) is waited for
+    assert q2 is not None and q2.groups == ("0", "2") and q2.changed and q2.quorum_id == q.quorum_id + 1
+    assert c.abort_below == 0 and q2.responses["0"].abort_below == 0
+    ask(c, "1", step=0, now=0.4, inc="inc-1-new", fresh=True)  # the new incarnation asks: it rides along, healing
+    ask(c, "0", step=9, now=0.5)
+    ask(c, "2", step=9, now=0.5)
+    q3 = c.poll(0.5)
+    assert q3 is not None and q3.groups == ("0", "1", "2") and q3.max_step == 9
+    heal = q3.responses["1"]
+    assert heal.heal and heal.recover_from is not None and heal.recover_from.group in ("0", "2")
+    assert heal.recover_from.step == 9 and not heal.contributing and q3.responses["0"].num_contributors == 2
+    assert c.abort_below == 0
+
+
+def test_handover_of_two_groups_forms_from_the_last_survivor_alone_and_passes_the_split_brain_guard():
+    c = core(join=30.0)
+    ask(c, "0", step=3)
+    ask(c, "1", step=3)
+    q = c.poll(0.0)
+    assert q is not None
+    c.handover(["1"], "", 0.1)
+    c.heartbeat("1", "new", 0, now=0.2)  # alive but not asking: not counted against group 0's majority
+    ask(c, "0", step=4, now=0.3)
+    q2 = c.poll(0.3)
+    assert q2 is not None and q2.groups == ("0",) and c.abort_below == 0
+    assert c.history[-2].reason == "handed_over"
+
+
+def test_the_new_incarnation_is_not_waited_for_even_when_the_last_quorum_lost_another_member():
+    c = core(join=5.0, hb=2.0)
+    for g in "012":
+        ask(c, g, step=3)
+    q = c.poll(0.0)
+    assert q is not None
+    c.handover(["1"], "migrate", 0.1)
+    c.heartbeat("1", "new", 0, now=0.2)
+    c.heartbeat("0", "inc-0", 3, now=1.5)
+    c.heartbeat("1", "new", 0, now=1.5)
+    assert c.sweep(2.5) == ["2"] and c.abort_below == q.quorum_id + 1  # group 2 died: that aborts, as always
+    ask(c, "0", step=3, now=2.6)
+    q2 = c.poll(2.6)  # no live group but the quiet new incarnation is missing: no join-timeout wait
+    assert q2 is not None and q2.groups == ("0",)
+
+
+def test_without_a_handover_a_new_incarnation_aborts_the_quorum_in_flight_and_is_waited_for():
+    c = core(join=2.0)
+    ask(c, "0", step=3)
+    ask(c, "1", step=3)
+    q = c.poll(0.0)
+    assert q is not None
+    c.heartbeat("1", "new", 0, now=0.1)
+    assert c.abort_below == q.quorum_id + 1 and c.history[-1].reason == "restarted"
+    ask(c, "0", step=3, now=0.2)
+    assert c.poll(0.2) is None  # split-brain guard / join timeout: the new incarnation counts as live and missing
+    ask(c, "1", step=0, now=0.3, inc="new")
+    q2 = c.poll(0.3)
+    assert q2 is not None and q2.groups == ("0", "1") and q2.responses["1"].heal
+
+
+def test_handover_of_an_unknown_or_foreign_group_is_refused_and_changes_nothing():
+    c = core()
+    c.set_desired(2, groups=3)
+    ask(c, "0")
+    ask(c, "1")
+    q = c.poll(0.0)
+    assert q is not None
+    with pytest.raises(QuorumError) as e:
+        c.handover(["1", "2"], "x", 0.1)  # "2" is a valid id the lighthouse never saw
+    assert e.value.status == 404 and "unknown replica group" in str(e.value)
+    with pytest.raises(QuorumError) as e:
+        c.handover(["1", "5"], "x", 0.1)  # outside the job's groups
+    assert e.value.status == 403
+    assert c.status(0.1).handing_over == []
+    c.heartbeat("1", "new", 0, now=0.2)  # no mark was left behind: a plain restart, which aborts
+    assert c.abort_below == q.quorum_id + 1
+    with pytest.raises(QuorumError) as e:
+        c.heartbeat("5", "x", 0, now=0.3)
+    assert e.value.status == 403
+
+
+def test_a_handover_mark_lapses_if_no_new_incarnation_comes_and_only_the_first_one_consumes_it():
+    c = core()
+    ask(c, "0")
+    ask(c, "1")
+    assert c.poll(0.0) is not None
+    c.handover(["1"], "x", 1.0)
+    assert c.status(500.0).handing_over == ["1"]
+    c.sweep(1.0 + c.handover_timeout_s)
+    assert c.status(1.0 + c.handover_timeout_s).handing_over == []
+    c.heartbeat("1", "new", 0, now=602.0)  # too late: a plain restart again
+    assert c.abort_below > 0
+    c2 = core()
+    ask(c2, "0")
+    ask(c2, "1")
+    q = c2.poll(0.0)
+    assert q is not None
+    c2.handover(["1"], "x", 0.1)
+    c2.heartbeat("1", "inc-1", 0, now=0.2)  # the marked incarnation itself keeps beating: the mark stays
+    assert c2.status(0.2).handing_over == ["1"]
+    c2.heartbeat("1", "new", 0, now=0.3)
+    assert c2.abort_below == 0 and c2.status(0.3).handing_over == []
+    c2.heartbeat("1", "newer", 0, now=0.4)  # the mark was used up: another restart is an ordinary one
+    assert "1" in c2.members and c2.members["1"].incarnation == "newer"

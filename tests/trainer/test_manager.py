@@ -202,3 +202,55 @@ def test_a_blank_replacement_lighthouse_after_a_long_outage_resumes_training_whe
         after = [e["quorum_id"] for e in w.events("step") if e["step"] > step_before + 1]
         assert after and min(after) > id_before
     assert lh.status().quorum_id > id_before
+
+
+def test_handover_replaces_a_group_make_before_break_without_a_failed_step_or_an_abort(tmp_path: Path, procs: list):
+    """The operator's migration off a degrading node: it marks group 1 for a handover and starts the group's new
+    incarnation elsewhere while the old one trains on. When the new one registers, the old one finishes the step in
+    flight and is then refused (it exits); group 0 never fails a step and no abort is ever signalled. While the new
+    incarnation is still getting ready, group 0 trains on alone at once (a join timeout of 60 s would show); when the
+    new one asks it heals from group 0, and both finish bitwise-equal."""
+    lh = start(
+        procs,
+        Lighthouse(tmp_path, "--min-replicas", "1", "--join-timeout", "60", "--heartbeat-timeout", "30").start(),
+    )
+    code, _ = lh.request("POST", contract.PATH_STARTING, {"groups": ["0", "1"]})  # the first quorum has both
+    assert code == 200
+    args = ("--steps", "40", "--step-delay", "0.2")
+    g0 = start(procs, Worker(tmp_path, lh.url, "0", *args))
+    old = start(procs, Worker(tmp_path, lh.url, "1", *args))
+    join, ready = tmp_path / "join", tmp_path / "ready"
+    # the replacement pods: started ahead, they register when `join` appears and ask once `ready` does
+    new_args = ("--join-file", str(join), "--pause-at-step", "0", "--resume-file", str(ready))
+    new = start(procs, Worker(tmp_path, lh.url, "1", *args, *new_args))
+    wait_for(lambda: new.events("started"), TIMEOUT, "the new incarnation of group 1 to start up")
+    wait_for(lambda: g0.last_step() >= 3 and old.last_step() >= 3, TIMEOUT, "both groups training together")
+    code, body = lh.request("POST", contract.PATH_HANDOVER, {"groups": ["1"], "reason": "node degrading"})
+    assert code == 200 and body["handing_over"] == ["1"]
+    handed_at = g0.last_step()
+    join.touch()  # the new incarnation registers now, while the old one is still in the quorum
+    wait_for(lambda: new.events("paused"), TIMEOUT, "the new incarnation to register")
+    assert old.proc.wait(TIMEOUT) != 0 and "evicted" in old.log.read_text()  # banned: exits after its step
+
+    def alone() -> list:
+        return [e for e in g0.events("step") if e["participants"] == 1]
+
+    wait_for(lambda: len(alone()) >= 3, TIMEOUT, "group 0 to train on without either incarnation of group 1")
+    ready.touch()
+    done = [wait_for(w.done, TIMEOUT, f"group {w.group} to finish") for w in (g0, new)]
+    assert done[0]["step"] == done[1]["step"] == 40 and done[0]["digest"] == done[1]["digest"]
+    assert handed_at < 30, "the handover came too late in the run to show anything"
+
+    steps = g0.events("step")
+    assert committed_steps(g0) == list(range(1, 41))  # not one failed step
+    assert done[0]["metrics"]["failed_commits"] == 0 and done[0]["metrics"]["aborted_collectives"] == 0
+    ids = [e["quorum_id"] for e in steps]
+    assert ids == sorted(ids) and len(set(ids)) == 3  # with old 1, alone, with new 1: each a new id, never reused
+    assert max(e["seconds"] for e in steps) < 30  # never the 60 s join timeout
+    assert old.last_step() >= handed_at  # the old incarnation completed the steps it was in
+    healed = [e for e in new.events("step") if e["healed"]]
+    assert len(healed) == 1 and healed[0]["step"] > alone()[-1]["step"]
+    assert_steps_only_move_forward(new)
+    status = lh.status()
+    assert status.abort_below == 0  # it only ever grows: no abort was signalled during the whole run
+    assert any(isinstance(h, DroppedEvent) and h.reason == "handed_over: node degrading" for h in status.history)

@@ -48,6 +48,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hang-at-step", type=int, default=-1, help="after joining this step's quorum, hang forever")
     p.add_argument("--pause-at-step", type=int, default=-1, help="before this step, wait until --resume-file exists")
     p.add_argument("--resume-file", default="")
+    p.add_argument("--join-file", default="", help="start up, then join the job only once this file exists")
     p.add_argument("--rank", type=int, default=0, help="rank inside the group (HSDP: the model is FSDP2-sharded)")
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--master-port", type=int, default=0, help="the group's own rendezvous port (world size > 1)")
@@ -89,6 +90,9 @@ def main(argv: list[str]) -> int:
         quorum_timeout_s=args.quorum_timeout,
         lost_timeout_s=args.lost_timeout,
     )
+    if args.join_file:  # lets a test start a replacement process ahead and pick the moment it registers
+        emit(event="started", group=args.group)
+        _wait(lambda: os.path.exists(args.join_file), 600, f"{args.join_file} to exist")
     mgr = Manager(cfg, state_dict, load_state_dict)
     mgr.register_params(model.parameters())  # buckets all-reduced during the backward (one rank per group)
     emit(event="ready", group=args.group, pid=os.getpid())

@@ -85,6 +85,7 @@ PATH_HEARTBEAT = "/v1/heartbeat"
 PATH_EVICT = "/v1/membership/evict"
 PATH_STARTING = "/v1/membership/starting"
 PATH_DESIRED = "/v1/membership/desired"
+PATH_HANDOVER = "/v1/handover"  # make-before-break: these groups' next incarnation takes over without an abort
 PATH_STATUS = "/v1/status"
 PATH_METRICS = "/metrics"
 PATH_HEALTH = "/healthz"

@@ -9,6 +9,7 @@ unknown fields (a typo fails loudly); answers ignore them (an older client keeps
   POST /v1/membership/evict     EvictRequest -> EvictResponse (drops groups at once, bans their incarnation)
   POST /v1/membership/starting  StartingRequest -> StartingResponse (joiners the quorum may wait for)
   POST /v1/membership/desired   DesiredRequest -> DesiredResponse (contributing groups; extra live ones are spares)
+  POST /v1/handover             HandoverRequest -> HandoverResponse (the next incarnation replaces, no abort)
   GET  /v1/status               StatusResponse
   GET  /v1/watch?WatchQuery     WebSocket, one per rank: WatchHeartbeat up (rank 0's count), AbortSignal down
   any refusal                   ErrorResponse with a 4xx/5xx status
@@ -173,6 +174,19 @@ class EvictResponse(Answer):
     abort_below: int
 
 
+class HandoverRequest(Request):
+    """Make-before-break: these groups' next incarnation (already starting elsewhere) replaces the current one, which
+    goes on training until then. The in-flight quorum is not aborted when the new incarnation registers."""
+
+    groups: Annotated[list[GroupId], Field(max_length=MAX_RANKS)]
+    reason: Annotated[str, StringConstraints(max_length=512)] = "operator"
+
+
+class HandoverResponse(Answer):
+    handing_over: list[str]  # every group named: the mark holds until its new incarnation registers or it expires
+    expires_in_s: float  # the mark lapses after this long if no new incarnation came (then a restart aborts again)
+
+
 class StartingRequest(Request):
     groups: Annotated[list[GroupId], Field(max_length=MAX_RANKS)]
 
@@ -218,7 +232,7 @@ class DroppedEvent(Answer):
     event: Literal["dropped"] = "dropped"
     time: float
     group: str
-    reason: str  # "heartbeat_timeout", "disconnected", "restarted" or "evicted: <why>"
+    reason: str  # "heartbeat_timeout", "disconnected", "restarted", "evicted: <why>" or "handed_over: <why>"
 
 
 class QuorumEvent(Answer):
@@ -241,6 +255,7 @@ class StatusResponse(Answer):
     quorum_groups: list[str]  # members of the last quorum
     members: list[MemberStatus]
     starting: list[str]
+    handing_over: list[str] = []  # groups marked for a handover, new incarnation not seen yet
     blocked_reason: str
     history: list[HistoryEvent]
 

@@ -4,6 +4,10 @@ Every replica group asks for a quorum once per step. A quorum forms when:
   * every member of the previous quorum is alive and asking (new joiners ride along) -- issued at once, or
   * otherwise at least ``min_replicas`` groups ask, they are a strict majority of the live groups (split-brain
     guard), and either no live/starting group is still missing or the join timeout since that became true passed.
+A new incarnation of a known group replaces the old one and bans it; that loses the old one (the quorum in flight
+aborts) unless the operator marked the group for a handover (make-before-break, ftjob.lighthouse.handover): then the
+quorum in flight completes, the old incarnation is no missing member of the previous quorum, and the new one is
+neither waited for nor counted as live until it first asks.
 The quorum id changes only when the membership (group + incarnation) changes, a member reports a failed commit, or a
 member of the last quorum was dropped (evicted, heartbeat timeout, disconnected): the managers then rebuild their
 cross-group process group. Each request is O(1); forming is O(n log n) over the askers.
@@ -27,6 +31,7 @@ from ftjob.contract.lighthouse_api import (
     RecoverySource,
     StatusResponse,
 )
+from ftjob.lighthouse.handover import Handovers
 
 log = logging.getLogger("ftjob.lighthouse")
 
@@ -109,6 +114,7 @@ class QuorumCore:
         self._incarnations: dict[str, str] = {}  # every group ever seen -> its latest incarnation
         self._banned: set[tuple[str, str]] = set()  # evicted (group, incarnation): may never come back
         self._starting: dict[str, float] = {}  # group -> until when the quorum may wait for it
+        self._handovers = Handovers()  # make-before-break replacements (marks, quiet new incarnations)
         self._prev: dict[str, str] = {}  # last quorum: group -> incarnation
         self._prev_contributors: set[str] = set()
         self._prev_asking = 0
@@ -136,20 +142,30 @@ class QuorumCore:
             )
 
     def _touch(self, group: str, incarnation: str, now: float) -> Member:
-        """Registers a heartbeat; a new incarnation of a known group replaces the old one (which counts as lost)."""
+        """Registers a heartbeat; a new incarnation of a known group replaces the old one, which counts as lost
+        unless the group was marked for a handover (then the old one's quorum goes on: see the module docstring)."""
         self.check_group(group)
         self._check_banned(group, incarnation)
         member = self.members.get(group)
-        if member is not None and member.incarnation != incarnation:
-            # The newest process of a group wins; the old one is banned so two live copies cannot take turns.
-            self._banned.add((group, member.incarnation))
-            self._drop(group, "restarted", now)
-            member = None
+        handed_over = False
+        if member is None or member.incarnation != incarnation:
+            mark = self._handovers.take(group, incarnation, now)  # the first new incarnation consumes the mark
+            if member is not None:
+                # The newest process of a group wins; the old one is banned so two live copies cannot take turns.
+                self._banned.add((group, member.incarnation))
+                handed_over = mark is not None and mark.incarnation == member.incarnation
+                reason = "restarted"
+                if mark is not None and handed_over:
+                    reason = f"handed_over: {mark.reason}" if mark.reason else "handed_over"
+                self._drop(group, reason, now, lost=not handed_over)
+                member = None
         if member is None:
             member = Member(group=group, incarnation=incarnation, last_seen=now)
             self.members[group] = member
             self._incarnations[group] = incarnation
             self._starting.pop(group, None)
+            if handed_over:
+                self._handovers.quiet[group] = incarnation
         member.last_seen = now
         self._by_seen[group] = None
         self._by_seen.move_to_end(group)
@@ -162,6 +178,7 @@ class QuorumCore:
         member.step = max(member.step, step)
         if finished and not member.finished:
             member.finished = True
+            self._handovers.quiet.pop(group, None)
             self._n_finished += 1
             if member.asking:
                 self._set_asking(member, False)
@@ -184,6 +201,7 @@ class QuorumCore:
         for group, until in list(self._starting.items()):
             if until <= now:
                 del self._starting[group]
+        self._handovers.expire(now)
         return dropped
 
     def disconnected(self, group: str, incarnation: str, now: float) -> bool:
@@ -194,17 +212,23 @@ class QuorumCore:
         self._drop(group, "disconnected", now)
         return True
 
-    def _drop(self, group: str, reason: str, now: float) -> None:
+    def _drop(self, group: str, reason: str, now: float, lost: bool = True) -> None:
+        """Forgets the group's member; ``lost=False`` (a handover) lets the last quorum, if it was in it, go on."""
         member = self.members.pop(group)
         self._by_seen.pop(group, None)
         if member.asking:
             self._set_asking(member, False)
         if member.finished:
             self._n_finished -= 1
+        if self._handovers.is_quiet(group, member.incarnation):
+            del self._handovers.quiet[group]
         if self._prev.get(group) == member.incarnation:
-            self._prev_lost = True
-            # The last quorum is dead: its members' pending collectives must abort now, not at their timeout.
-            self.abort_below = max(self.abort_below, self.quorum_id + 1)
+            if lost:
+                self._prev_lost = True
+                # The last quorum is dead: its members' pending collectives must abort now, not at their timeout.
+                self.abort_below = max(self.abort_below, self.quorum_id + 1)
+            else:  # it still completes the step in flight; the next quorum does not wait for it
+                self._handovers.prev_handed.add(group)
         self.dropped_events.append((group, reason))
         self.history.append(DroppedEvent(time=now, group=group, reason=reason))
 
@@ -218,12 +242,15 @@ class QuorumCore:
             self._prev_asking += delta
 
     # --- operator membership API ---------------------------------------------------------------------------------
-    def evict(self, groups: Iterable[str], reason: str, now: float) -> list[str]:
-        """Drops the groups at once and bans their current incarnation; 404 (no change) if any was never seen."""
-        groups = list(groups)
+    def _check_known(self, groups: list[str]) -> None:
         unknown = [g for g in groups if g not in self._incarnations]
         if unknown:
             raise QuorumError(404, f"unknown replica group(s) {unknown}: known groups are {sorted(self._incarnations)}")
+
+    def evict(self, groups: Iterable[str], reason: str, now: float) -> list[str]:
+        """Drops the groups at once and bans their current incarnation; 404 (no change) if any was never seen."""
+        groups = list(groups)
+        self._check_known(groups)
         evicted = []
         for group in groups:
             self._banned.add((group, self._incarnations[group]))
@@ -231,6 +258,22 @@ class QuorumCore:
                 self._drop(group, f"evicted: {reason}" if reason else "evicted", now)
                 evicted.append(group)
         return evicted
+
+    def handover(self, groups: Iterable[str], reason: str, now: float) -> list[str]:
+        """Marks the groups' current incarnation for a make-before-break handover: their next incarnation replaces it
+        without aborting the quorum in flight (ftjob.lighthouse.handover). 403 for a group id outside the job's, 404
+        if any was never seen; either way nothing changes. Returns the groups marked."""
+        groups = list(dict.fromkeys(groups))
+        for group in groups:
+            self.check_group(group)
+        self._check_known(groups)
+        for group in groups:
+            self._handovers.mark(group, self._incarnations[group], reason, now)
+        return groups
+
+    @property
+    def handover_timeout_s(self) -> float:
+        return self._handovers.timeout_s
 
     def mark_starting(self, groups: Iterable[str], now: float) -> None:
         groups = list(groups)
@@ -272,18 +315,23 @@ class QuorumCore:
         member.store_addresses = req.rank_store_addresses()
         member.commit_failures = req.commit_failures
         member.fresh = req.fresh
+        self._handovers.quiet.pop(req.group, None)  # a handed-over group's new incarnation asks: no longer quiet
         self._reported_id = max(self._reported_id, req.quorum_id)
         self._set_asking(member, True)
 
+    def _live(self) -> int:
+        """Live groups the rule counts: not finished, and not a handed-over group's new incarnation yet to ask."""
+        return len(self.members) - self._n_finished - len(self._handovers.quiet)
+
     def _waiting_for(self, now: float) -> int:
-        alive = len(self.members) - self._n_finished
+        alive = self._live()
         starting = sum(1 for g, until in self._starting.items() if until > now and g not in self.members)
         return alive - self._n_asking + starting
 
     def poll(self, now: float) -> Formed | None:
         """Issues the quorum if the rule allows it now; O(1) unless it forms."""
         asking = self._n_asking
-        alive = len(self.members) - self._n_finished
+        alive = self._live()
         if asking < self.min_replicas:
             self._join_deadline = None
             self.blocked_reason = f"waiting for min_replicas: {asking} of {self.min_replicas} groups asking"
@@ -291,7 +339,11 @@ class QuorumCore:
         if 2 * asking <= alive:
             self.blocked_reason = f"split-brain guard: {asking} asking is not a majority of {alive} live groups"
             return None
-        prev_all_here = bool(self._prev) and not self._prev_lost and self._prev_asking == len(self._prev)
+        # handed-over members of the last quorum count as present: their new incarnation rides along when it asks
+        present = self._prev_asking + len(self._handovers.prev_handed)
+        prev_all_here = (
+            bool(self._prev) and not self._prev_lost and self._prev_asking > 0 and present == len(self._prev)
+        )
         if not prev_all_here and self._waiting_for(now) > 0:
             if self._join_deadline is None:
                 self._join_deadline = now + self.join_timeout_s
@@ -374,6 +426,7 @@ class QuorumCore:
         self._prev_contributors = set(contributors)
         self._prev_asking = 0
         self._prev_lost = False
+        self._handovers.prev_handed.clear()
         self._join_deadline = None
         self.committed_step = max(self.committed_step, max_step)
         self.blocked_reason = ""
@@ -432,6 +485,7 @@ class QuorumCore:
             quorum_groups=list(self._prev),
             members=members,
             starting=sorted(g for g, until in self._starting.items() if until > now),
+            handing_over=sorted(self._handovers.pending(now), key=group_sort_key),
             blocked_reason=self.blocked_reason,
             history=list(self.history)[-50:],
         )

@@ -24,6 +24,8 @@ from ftjob.contract.lighthouse_api import (
     ErrorResponse,
     EvictRequest,
     EvictResponse,
+    HandoverRequest,
+    HandoverResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     QuorumMember,
@@ -49,6 +51,7 @@ _KNOWN_PATHS = {
     contract.PATH_EVICT,
     contract.PATH_STARTING,
     contract.PATH_DESIRED,
+    contract.PATH_HANDOVER,
     contract.PATH_STATUS,
     contract.PATH_METRICS,
     contract.PATH_HEALTH,
@@ -115,6 +118,7 @@ class LighthouseServer:
         app.router.add_post(contract.PATH_EVICT, self._evict)
         app.router.add_post(contract.PATH_STARTING, self._starting)
         app.router.add_post(contract.PATH_DESIRED, self._desired)
+        app.router.add_post(contract.PATH_HANDOVER, self._handover)
         app.router.add_get(contract.PATH_STATUS, self._status)
         app.router.add_get(contract.PATH_METRICS, self._metrics)
         app.router.add_get(contract.PATH_HEALTH, self._health)
@@ -182,9 +186,13 @@ class LighthouseServer:
             self._issue(formed)
         for group, reason in self.core.dropped_events:
             self.metrics.evictions.labels(reason.split(":")[0]).inc()
-            waiter = self._waiters.pop(group, None)
-            if waiter and not waiter[1].done():
-                status = 410 if reason.startswith("evicted") else 409
+            waiter = self._waiters.get(group)
+            member = self.core.members.get(group)
+            if waiter is None or (member is not None and waiter[0] == member.incarnation):
+                continue  # no request, or one from the incarnation that replaced the dropped one: it stands
+            del self._waiters[group]
+            if not waiter[1].done():
+                status = 410 if reason.startswith(("evicted", "handed_over")) else 409  # banned: never again
                 waiter[1].set_exception(QuorumError(status, f"group {group!r} was dropped ({reason}); ask again"))
         self.core.dropped_events.clear()
         self.metrics.live_groups.set(len(self.core.members))
@@ -275,6 +283,12 @@ class LighthouseServer:
         evicted = self.core.evict(req.groups, req.reason, self._clock())
         self._advance()  # aborts the quorum in flight now and lets the survivors' pending quorum form
         return reply(EvictResponse(evicted=evicted, abort_below=self.core.abort_below))
+
+    async def _handover(self, request: web.Request) -> web.Response:
+        req = await parse(request, HandoverRequest)
+        marked = self.core.handover(req.groups, req.reason, self._clock())  # 403/404 before any change
+        self._advance()
+        return reply(HandoverResponse(handing_over=marked, expires_in_s=self.core.handover_timeout_s))
 
     async def _starting(self, request: web.Request) -> web.Response:
         req = await parse(request, StartingRequest)

@@ -33,4 +33,10 @@
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["list", "watch"]
+{{- if gt (int .Values.nodeHealth.cordonAfterFailures) 0 }}
+# Opt-in (nodeHealth.cordonAfterFailures): cordon a node after K replica-group failures on it (spec.unschedulable only).
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}

@@ -1,0 +1,66 @@
+"""The real reference trainer under the operator, with its run records on a host path every node of the local
+cluster shares, and the checks of a finished run: exactly-once samples, steps never trained twice, equal digests."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ftjob.ft.records import CommitRecord, FinishedRecord, StartRecord, read_run_dir
+from ftjob.launch.run_records import sample_coverage
+from opkit import job_manifest
+
+RECORDS_ROOT = Path("/var/tmp/ftjob-test-records")
+
+
+def train_command(steps: int) -> list[str]:
+    """Paced (0.2 s a step) so faults land mid-run; records go to /records."""
+    return ["ftjob-trainer", "train", "--model", "tiny", "--steps", str(steps), "--corpus-bytes", "262144",
+            "--batch-size", "4", "--log-every", "20", "--min-step-seconds", "0.2", "--run-dir", "/records"]  # fmt: skip
+
+
+def training_job(name: str, steps: int, records: Path, workers_on: str | None = None, **spec: Any) -> dict[str, Any]:
+    m = job_manifest(name, command=train_command(steps), lighthouse={"heartbeatTimeoutSeconds": 5},
+                     failurePolicy={"maxRestartsPerGroup": 2}, **spec)  # fmt: skip
+    pod = m["spec"]["template"]["spec"]
+    pod["containers"][0]["volumeMounts"] = [{"name": "records", "mountPath": "/records"}]
+    pod["volumes"] = [{"name": "records", "hostPath": {"path": str(records), "type": "DirectoryOrCreate"}}]
+    if workers_on:  # the lighthouse is not pinned: it goes wherever the scheduler can put it
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [workers_on]}]}
+        required = {"nodeSelectorTerms": [term]}
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    return m
+
+
+def check_run(records: Path, groups: set[str], steps: int, restarted: set[str]) -> dict[str, list[CommitRecord]]:
+    """Exactly-once samples, no step committed twice, every group at the last step with one digest; groups not in
+    ``restarted`` ran as one process that committed every step once, in order. Returns the commits by group."""
+    by_group = read_run_dir(records)
+    assert set(by_group) == groups, f"run records of groups {sorted(by_group)}, expected {sorted(groups)}"
+    cov = sample_coverage(by_group)
+    assert (cov.dropped, cov.duplicated, cov.inconsistent_steps, cov.shard_errors) == (0, 0, [], []), cov
+    digests, commits = {}, {}
+    for group, recs in by_group.items():
+        starts = [r for r in recs if isinstance(r, StartRecord)]
+        assert len(starts) == (2 if group in restarted else 1), f"group {group} started {len(starts)} times"
+        commits[group] = [r for r in recs if isinstance(r, CommitRecord)]
+        got = [r.step for r in commits[group]]
+        if group not in restarted:
+            assert got == list(range(got[0], steps + 1)), f"group {group} committed {got[:5]}...{got[-5:]}"
+        else:  # the replacement heals to where its peers are and goes on; nothing is committed twice
+            assert len(got) == len(set(got)) and got == sorted(got), f"group {group}: {got}"
+        finished = [r for r in recs if isinstance(r, FinishedRecord)]
+        assert finished and finished[-1].step == steps, f"group {group} did not finish"
+        digests[group] = finished[-1].param_digest
+    assert len(set(digests.values())) == 1, f"groups diverged: {digests}"
+    return commits
+
+
+def commit_gaps(commits: list[CommitRecord], start: float, end: float) -> tuple[float, float]:
+    """(the longest gap between commits that touches [start, end], the median gap of the whole run)."""
+    times = [c.t for c in commits]
+    gaps = [(b - a, a, b) for a, b in itertools.pairwise(times)]
+    inside = [g for g, a, b in gaps if b >= start and a <= end]
+    return max(inside, default=0.0), statistics.median(g for g, _, _ in gaps)
