@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # podfactory / opkit i
 from helpers import Kube, cluster, kubectl, node_names, wait_for
 from kubernetes import client
 from opkit import CRD, OperatorProc, set_unschedulable, start_operator
+from trainkit import RECORDS_ROOT
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +72,14 @@ def two_nodes(kube: Kube) -> Iterator[tuple[str, str]]:
     cluster("up")
     for node in names:
         wait_for(lambda n=node: node_ready(kube.core, n), 60, f"{node} to be Ready again")
+
+
+@pytest.fixture
+def records(namespace: str) -> Iterator[Path]:
+    """A host folder for the trainers' run records (hostPath: every node of the local cluster shares the host's
+    /var/tmp). World-writable: the trainer image runs as a non-root user."""
+    path = RECORDS_ROOT / namespace
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

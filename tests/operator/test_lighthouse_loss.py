@@ -6,9 +6,7 @@ exactly once and equal parameters everywhere. Prints the time from the loss to t
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +23,13 @@ from opkit import (
     running_groups,
     set_unschedulable,
 )
-from trainkit import RECORDS_ROOT, check_run, training_job
+from trainkit import check_run, commit_gaps, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 JOB = "lhl"
 STEPS = 240
 LIGHTHOUSE_PODS = f"{contract.LABEL_JOB}={JOB},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
-
-
-@pytest.fixture
-def records(namespace: str) -> Iterator[Path]:
-    path = RECORDS_ROOT / namespace
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def manifest(records: Path, workers_on: str | None = None) -> dict[str, Any]:
@@ -72,7 +63,7 @@ def test_losing_the_lighthouse_loses_nothing(kube, namespace, operators, records
     nodes = request.getfixturevalue("two_nodes") if how == "node-killed" else None
     operators()
     before = start_job(kube, namespace, records, nodes)
-    old = lighthouse_pod(kube.core, namespace, JOB)
+    old = wait_for(lambda: lighthouse_pod(kube.core, namespace, JOB), 120, "the lighthouse running")
     wait_for(lambda: (f := lighthouse_figures(kube, namespace)) and f[1] >= 30, 300, "30 committed steps")
     wait_for(lambda: get_job(kube.custom, namespace, JOB).get("status", {}).get("lighthouse", {}).get("seen"), 60,
              "the operator to record the lighthouse as seen")  # fmt: skip
@@ -124,5 +115,8 @@ def test_losing_the_lighthouse_loses_nothing(kube, namespace, operators, records
     after = [c.t for c in commits["0"] if c.t > lost_at]  # group 0 survives every case
     assert after, "no commit after the loss"
     to_commit = after[0] - lost_at
-    print(f"\n[lighthouse loss: {how}] loss -> next commit {to_commit:.2f}s; "
-          f"loss -> replacement's first quorum {new_lh['at'] - lost_at:.2f}s (polled)")  # fmt: skip
+    heals = {g: sum(c.healed for c in cs) for g, cs in sorted(commits.items())}
+    stall, median = commit_gaps(commits["0"], lost_at, new_lh["at"] + 5)
+    print(f"\n[lighthouse loss: {how}] loss -> next commit {to_commit:.2f}s; group 0's longest commit gap until the "
+          f"replacement served {stall:.2f}s (median step {median:.2f}s); loss -> replacement's first quorum "
+          f"{new_lh['at'] - lost_at:.2f}s (polled); heals by group {heals}")  # fmt: skip

@@ -7,7 +7,6 @@ during the migration next to their median step time (the stall, measured)."""
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from helpers import wait_for
 from kubernetes import client
 from opkit import condition, create_job, get_job, lighthouse_status, patch_job, running_groups, set_unschedulable
-from trainkit import RECORDS_ROOT, check_run, commit_gaps, training_job
+from trainkit import check_run, commit_gaps, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -31,13 +30,6 @@ def set_condition(core: client.CoreV1Api, node: str, status: str) -> None:
     cond = {"type": PROBLEM, "status": status, "reason": "FtjobTest", "message": "task hung (ftjob test)",
             "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
     core.patch_node_status(node, {"status": {"conditions": [cond]}})
-
-
-@pytest.fixture
-def records(namespace: str) -> Iterator[Path]:
-    path = RECORDS_ROOT / namespace
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

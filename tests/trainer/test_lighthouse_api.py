@@ -253,4 +253,4 @@ def test_handover_over_http_needs_the_token_validates_and_replaces_without_an_ab
     assert code == 200 and q["quorum_id"] == 2 and q["replica_world_size"] == 1 and q["abort_below"] == 0
     code, metrics = lighthouse.request("GET", contract.PATH_METRICS)
     assert 'ftjob_lighthouse_evictions_total{reason="handed_over"} 1.0' in metrics
-    assert 'ftjob_lighthouse_request_seconds_count{path="/v1/handover"}' in metrics
+    assert 'ftjob_lighthouse_request_seconds_count{path="/v1/membership/handover"}' in metrics

@@ -9,8 +9,8 @@ It never imports torch: the operator's image has none.
   recovery_api         the manifest a healing rank reads from a peer's recovery server
 
 Lighthouse paths (every one except /healthz needs ``Authorization: Bearer <token>``; bodies in lighthouse_api):
-  POST /v1/quorum, /v1/heartbeat, /v1/membership/{evict,starting,desired}; GET /v1/status, /v1/watch (WebSocket),
-  /metrics (Prometheus text), /healthz ("ok").
+  POST /v1/quorum, /v1/heartbeat, /v1/membership/{evict,starting,desired,handover}; GET /v1/status,
+  /v1/watch (WebSocket), /metrics (Prometheus text), /healthz ("ok").
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ PATH_HEARTBEAT = "/v1/heartbeat"
 PATH_EVICT = "/v1/membership/evict"
 PATH_STARTING = "/v1/membership/starting"
 PATH_DESIRED = "/v1/membership/desired"
-PATH_HANDOVER = "/v1/handover"  # make-before-break: these groups' next incarnation takes over without an abort
+PATH_HANDOVER = "/v1/membership/handover"  # make-before-break: the groups' next incarnation takes over, no abort
 PATH_STATUS = "/v1/status"
 PATH_METRICS = "/metrics"
 PATH_HEALTH = "/healthz"

@@ -9,7 +9,7 @@ unknown fields (a typo fails loudly); answers ignore them (an older client keeps
   POST /v1/membership/evict     EvictRequest -> EvictResponse (drops groups at once, bans their incarnation)
   POST /v1/membership/starting  StartingRequest -> StartingResponse (joiners the quorum may wait for)
   POST /v1/membership/desired   DesiredRequest -> DesiredResponse (contributing groups; extra live ones are spares)
-  POST /v1/handover             HandoverRequest -> HandoverResponse (the next incarnation replaces, no abort)
+  POST /v1/membership/handover             HandoverRequest -> HandoverResponse (the next incarnation replaces, no abort)
   GET  /v1/status               StatusResponse
   GET  /v1/watch?WatchQuery     WebSocket, one per rank: WatchHeartbeat up (rank 0's count), AbortSignal down
   any refusal                   ErrorResponse with a 4xx/5xx status

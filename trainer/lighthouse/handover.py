@@ -1,8 +1,8 @@
 """Make-before-break handovers of replica groups: the bookkeeping QuorumCore keeps for them (pure logic, no clock).
 
 The operator moves a group off a degrading node by starting the group's new incarnation elsewhere while the old one
-goes on training, after marking the group (``POST /v1/handover``). When a new incarnation of a marked group first
-registers, QuorumCore bans the old one as on any restart, but:
+goes on training, after marking the group (``POST /v1/membership/handover``). When a new incarnation of a marked group
+first registers, QuorumCore bans the old one as on any restart, but:
   * the quorum in flight is not aborted (``abort_below`` stays, the last quorum is not lost): the old incarnation is
     still in it and completes its step, and the survivors commit it;
   * the old incarnation no longer counts as a missing member of the last quorum (``prev_handed``), so the survivors'
