@@ -7,11 +7,9 @@ touching pods, so a crash between the two can never forget a restart (budgets ne
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
 from ftjob import contract
 from ftjob.operator import names
+from ftjob.operator.actions import Actions, Event, Observed, Result
 from ftjob.operator.failures import (
     REASON_HEARTBEAT_LOST,
     REASON_LIGHTHOUSE,
@@ -22,23 +20,25 @@ from ftjob.operator.failures import (
     prune_window,
     terminating_too_long,
 )
+from ftjob.operator.migration import (
+    keep_while_migrating,
+    migrate_group,
+    migration_progress,
+    should_migrate,
+    unschedulable_too_long,
+)
 from ftjob.operator.model import (
     ACTION_FAIL_JOB,
     ACTION_IGNORE,
     ACTION_RESTART_GROUP,
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
-    FailurePolicy,
     GroupState,
     JobSpec,
     JobState,
     PodView,
 )
 
-# A migrating group's old generation leaves by itself once its replacement registers with the lighthouse; if it still
-# runs this long after the migration began and the replacement runs, it is deleted.
-MIGRATION_HANDOVER_TIMEOUT_S = 300.0
-REASON_NODE_DEGRADED = "NodeDegraded"
 # After the first group finishes, stragglers (e.g. a spare still waiting for a quorum) get this long to finish.
 COMPLETION_GRACE_S = 60.0
 
@@ -51,55 +51,6 @@ PHASE_SUCCEEDED = "Succeeded"
 PHASE_FAILED = "Failed"
 PHASE_SUSPENDED = "Suspended"
 SURVIVOR_PHASES = (PHASE_RUNNING, PHASE_SUCCEEDED)  # groups that hold the committed state in memory
-
-
-@dataclass
-class Observed:
-    pods: list[PodView]
-    node_ready: Mapping[str, bool] | None  # None when nodes cannot be watched
-    deleting: set[str]  # pods this operator already asked to delete
-    now: float
-    finished_groups: set[int] = field(default_factory=set)  # groups the lighthouse reports finished
-    # groups whose pods run but which stopped heartbeating to the lighthouse (hung or cut off): group -> why
-    silent_groups: dict[int, str] = field(default_factory=dict)
-    degraded_nodes: Mapping[str, str] = field(default_factory=dict)  # node -> why it is degrading (nodeHealth)
-
-
-@dataclass
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass
-class Actions:
-    evict: list[tuple[int, str]] = field(default_factory=list)  # (group, reason): told to the lighthouse first
-    persist_first: bool = False
-    delete_pods: list[tuple[str, bool]] = field(default_factory=list)  # (name, force)
-    create_pods: list[tuple[int, int, int]] = field(default_factory=list)  # (group, rank, generation)
-    create_lighthouse: int | None = None  # generation to create
-    handover: list[tuple[int, str]] = field(default_factory=list)  # (group, why): told to the lighthouse first
-    failed_nodes: list[str] = field(default_factory=list)  # the node of each group failure (cordon policy)
-    group_services: list[int] = field(default_factory=list)  # must exist
-    delete_group_services: list[int] = field(default_factory=list)
-    starting: list[int] = field(default_factory=list)  # groups whose new pods were just created
-    events: list[Event] = field(default_factory=list)
-    restarts: list[str] = field(default_factory=list)  # reasons, for metrics
-    recovered: list[float] = field(default_factory=list)  # failure -> replacement running, seconds
-    requeue_after: float | None = None
-    delete_job: bool = False
-
-    def requeue(self, delay: float) -> None:
-        delay = max(delay, 0.05)
-        self.requeue_after = delay if self.requeue_after is None else min(self.requeue_after, delay)
-
-
-@dataclass
-class Result:
-    state: JobState
-    actions: Actions
-    group_phases: dict[int, str]
 
 
 def plan(job: str, spec: JobSpec, state: JobState, obs: Observed) -> Result:
@@ -195,7 +146,7 @@ def _lighthouse(job: str, spec: JobSpec, s: JobState, pods: list[PodView], obs: 
         for p in current:
             a.delete_pods.append((p.name, failure.node_lost or node_is_lost(p.node, obs.node_ready)))
         current = []
-    if current and (why := _unschedulable_too_long(current, spec.failure_policy, obs.now, a)) is not None:
+    if current and (why := unschedulable_too_long(current, spec.failure_policy, obs.now, a)) is not None:
         _fail_job(s, a, "Unschedulable", f"the lighthouse: {why}", obs.now)
         return
     if current:
@@ -244,16 +195,16 @@ def _groups(
             _restart_group(s, g, failure, decision.delay_s, counted, current, obs, a)
             expected = {r: names.pod_name(job, idx, g.generation, r) for r in range(spec.pods_per_replica)}
             current = []
-        elif _should_migrate(g, current, spec, s, obs):
-            _migrate_group(s, g, current, obs, a)
+        elif should_migrate(g, current, spec, s, obs):
+            migrate_group(s, g, current, obs, a)
             expected = {r: names.pod_name(job, idx, g.generation, r) for r in range(spec.pods_per_replica)}
             current = []
-        old_running = _migration_progress(g, by_group.get(idx, []), a, now)
+        old_running = migration_progress(g, by_group.get(idx, []), a, now)
         if now < g.not_before:
             phases[idx] = PHASE_BACKING_OFF
             a.requeue(g.not_before - now)
             continue
-        if (why := _unschedulable_too_long(current, policy, now, a)) is not None:
+        if (why := unschedulable_too_long(current, policy, now, a)) is not None:
             _fail_job(s, a, "Unschedulable", f"replica group {idx}: {why}", now)
             return
         present = {p.name for p in current}
@@ -274,76 +225,6 @@ def _groups(
             phases[idx] = PHASE_RUNNING  # the old generation trains on while its replacement starts
         else:
             phases[idx] = PHASE_RESTARTING if g.failed_at is not None else PHASE_STARTING
-
-
-def _unschedulable_too_long(pods: list[PodView], policy: FailurePolicy, now: float, a: Actions) -> str | None:
-    """failurePolicy.unschedulableTimeoutSeconds: the scheduler's message once a pod waited longer than that."""
-    limit = policy.unschedulable_timeout_s
-    if limit is None:
-        return None
-    for p in pods:
-        if p.unschedulable and p.phase == "Pending" and p.created is not None:
-            if now - p.created >= limit:
-                return (
-                    f"pod {p.name} could not be scheduled for {now - p.created:.0f}s "
-                    f"(failurePolicy.unschedulableTimeoutSeconds={limit:g}): {p.unschedulable}"
-                )
-            a.requeue(p.created + limit - now)
-    return None
-
-
-def _should_migrate(g: GroupState, current: list[PodView], spec: JobSpec, s: JobState, obs: Observed) -> bool:
-    if g.migrating_from is not None or s.completing_since is not None or not g.all_pods_seen:
-        return False
-    if len(current) != spec.pods_per_replica or not all(p.phase == "Running" for p in current):
-        return False
-    return any(p.node in obs.degraded_nodes for p in current if p.node)
-
-
-def _migrate_group(s: JobState, g: GroupState, current: list[PodView], obs: Observed, a: Actions) -> None:
-    """Make-before-break: the replacement generation starts on another node while this one trains on; the lighthouse
-    is told first, so the old generation leaves at a step boundary once the new one registers (no abort)."""
-    node = next(p.node for p in current if p.node in obs.degraded_nodes)
-    why = f"node {node} is degrading: {obs.degraded_nodes[node]}"
-    a.handover.append((g.index, why))
-    g.migrating_from, g.migrating_since = g.generation, obs.now
-    g.generation += 1
-    g.all_pods_seen = False
-    g.restarts += 1  # a new generation, but no failure: no budget spent and no back-off
-    g.avoid_node, g.avoid_required = node, True
-    g.last_failure = why
-    s.restarts_by_reason[REASON_NODE_DEGRADED] = s.restarts_by_reason.get(REASON_NODE_DEGRADED, 0) + 1
-    a.restarts.append(REASON_NODE_DEGRADED)
-    a.persist_first = True
-    a.events.append(
-        Event("Warning", "GroupMigrating", f"{why}: replica group {g.index} moves to another node; generation "
-              f"{g.generation} starts there first and takes over from generation {g.migrating_from}")
-    )  # fmt: skip
-
-
-def _migration_progress(g: GroupState, pods: list[PodView], a: Actions, now: float) -> bool:
-    """True while the old generation of a migrating group still runs; ends the migration once it is gone."""
-    if g.migrating_from is None:
-        return False
-    old = [p for p in pods if p.generation == g.migrating_from]
-    if not old:
-        a.events.append(Event("Normal", "GroupMigrated", f"replica group {g.index} left its degrading node: "
-                              f"generation {g.generation} took over"))  # fmt: skip
-        g.migrating_from = g.migrating_since = None
-        a.persist_first = True
-        return False
-    a.requeue(5.0)  # notice the old generation's exit, or the hand-over timeout
-    return any(p.phase == "Running" and p.deletion_time is None for p in old)
-
-
-def _keep_while_migrating(g: GroupState, p: PodView, new_running: bool, obs: Observed) -> bool:
-    """The old generation of a migrating group is left to leave by itself (it exits at a step boundary)."""
-    if g.migrating_from is None or p.generation != g.migrating_from or p.terminal:
-        return False
-    if node_is_lost(p.node, obs.node_ready):
-        return False
-    since = g.migrating_since or obs.now
-    return not (new_running and obs.now - since > MIGRATION_HANDOVER_TIMEOUT_S)
 
 
 def _restart_group(
@@ -478,7 +359,7 @@ def _delete_strays(
             if g.migrating_from is not None:
                 new = [p for p in workers if p.name in mine]
                 new_running = len(new) == spec.pods_per_replica and all(p.phase == "Running" for p in new)
-                keep.update(p.name for p in workers if p.group == idx and _keep_while_migrating(g, p, new_running, obs))
+                keep.update(p.name for p in workers if p.group == idx and keep_while_migrating(g, p, new_running, obs))
     already = {n for n, _ in a.delete_pods}
     for p in workers + lighthouses:
         if p.name not in keep and p.name not in already:
