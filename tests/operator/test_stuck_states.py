@@ -43,6 +43,20 @@ def test_unschedulable_groups_show_the_schedulers_message(kube, namespace, opera
              30, "an Unschedulable Event")  # fmt: skip
 
 
+def test_the_opt_in_scheduling_deadline_fails_the_job_with_the_schedulers_words(kube, namespace, operators):
+    operators()
+    manifest = job_manifest("late", replicas=1, failurePolicy={"unschedulableTimeoutSeconds": 5})
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "999"}}
+    create_job(kube.custom, namespace, manifest)
+    status = lambda: get_job(kube.custom, namespace, "late").get("status")  # noqa: E731
+    job = wait_for(lambda: (j := get_job(kube.custom, namespace, "late")) and condition(j, "Failed") and j, 120,
+                   "the job to fail", describe=status)  # fmt: skip
+    failed = condition(job, "Failed")
+    assert failed["reason"] == "Unschedulable", failed
+    assert "unschedulableTimeoutSeconds=5" in failed["message"] and "Insufficient cpu" in failed["message"], failed
+    assert any("Insufficient cpu" in m for m in _event_messages(kube, namespace, "Failed")), "no Failed Event"
+
+
 def test_an_image_that_cannot_be_pulled_is_named_with_the_kubelets_reason(kube, namespace, operators):
     operators()
     manifest = job_manifest("pull", replicas=1)
