@@ -372,11 +372,9 @@ class JobWorker:
         """The highest quorum id and committed step seen, from the last poll or the status written before (a
         restarted operator has only that), for a replacement lighthouse to start from."""
         seen = (self.last_status or self.body.get("status") or {}).get("quorum") or {}
-        ids = [seen.get("id"), self.lh_view.quorum_id if self.lh_view else None]
-        steps = [seen.get("step"), self.lh_view.step if self.lh_view else None]
-        return max((i for i in ids if isinstance(i, int)), default=0), max(
-            (s for s in steps if isinstance(s, int)), default=0
-        )
+        view = self.lh_view or LighthouseView()
+        quorum_id = max(seen.get("id") or 0, view.quorum_id or 0)
+        return quorum_id, max(seen.get("step") or 0, view.step or 0)
 
     async def _apply_services(self, spec: JobSpec, a: Actions) -> None:
         wanted = [builders.lighthouse_service(self.name, self.namespace)]

@@ -95,7 +95,6 @@ class LighthouseClient:
         self._watch_task: asyncio.Future[None] | None = None
         self.watch_connected = threading.Event()
         self.lost_timeout_s = lost_timeout_s
-        self.reconnects = 0  # times the watch socket came back after dropping (a lighthouse restart or a blip)
         self._link_lost: asyncio.Future[None] | None = None  # resolved when the open watch socket drops
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
@@ -271,14 +270,11 @@ class LighthouseClient:
         assert self._session is not None
         query = {"group": self.group, "incarnation": self.incarnation, "rank": str(self.rank)}
         backoff = 0.05
-        ever_open = False
         while not self.evicted:
             try:
                 ws_cm = self._session.ws_connect(self.url + contract.PATH_WATCH, params=query, heartbeat=LINK_PING_S)
                 async with ws_cm as ws:
                     backoff = 0.05
-                    self.reconnects += ever_open
-                    ever_open = True
                     self._link_lost = asyncio.get_running_loop().create_future()
                     self.watch_connected.set()
                     sender = asyncio.ensure_future(self._send_heartbeats(ws))
