@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from ftjob import contract
+from ftjob.contract.lighthouse_api import QuorumEvent
 from helpers import cluster, wait_for
 from opkit import (
     condition,
@@ -58,6 +59,15 @@ def lighthouse_figures(kube: Any, namespace: str) -> tuple[int, int] | None:
     return s.quorum_id, s.max_step
 
 
+def first_quorum(kube: Any, namespace: str) -> QuorumEvent | None:
+    """The first quorum the running lighthouse issued, from its history (a new lighthouse records its first)."""
+    try:
+        s = lighthouse_status(kube.core, namespace, JOB)
+    except (AssertionError, OSError):
+        return None
+    return next((e for e in s.history if isinstance(e, QuorumEvent)), None)
+
+
 @pytest.mark.parametrize("how", ["force-deleted", "gracefully-deleted", "node-killed", "with-a-group"])
 def test_losing_the_lighthouse_loses_nothing(kube, namespace, operators, records, how, request):
     nodes = request.getfixturevalue("two_nodes") if how == "node-killed" else None
@@ -93,9 +103,9 @@ def test_losing_the_lighthouse_loses_nothing(kube, namespace, operators, records
         if "first_id" not in new_lh:
             pods = [p for p in kube.core.list_namespaced_pod(namespace, label_selector=LIGHTHOUSE_PODS).items
                     if p.metadata.uid != old.metadata.uid and p.status.phase == "Running"]  # fmt: skip
-            figures = lighthouse_figures(kube, namespace) if pods else None
-            if figures and figures[0]:  # the replacement issued its first quorum
-                new_lh.update(first_id=figures[0], first_step=figures[1], at=time.time())
+            first = first_quorum(kube, namespace) if pods else None
+            if first is not None:  # the replacement issued its first quorum (its status shows the floor before)
+                new_lh.update(first_id=first.quorum_id, first_step=first.step, at=time.time())
         if condition(job, "Succeeded") or condition(job, "Failed"):
             return job
         return None
