@@ -118,6 +118,7 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         # a pod has its own network namespace: the contract's fixed ports (NetworkPolicy can name them)
         {"name": contract.ENV_RECOVERY_PORT, "value": str(contract.RECOVERY_PORT)},
         {"name": contract.ENV_CROSS_GROUP_STORE_PORT, "value": str(contract.CROSS_GROUP_STORE_PORT)},
+        {"name": contract.ENV_METRICS_PORT, "value": str(contract.TRAINER_METRICS_PORT)},
         {"name": contract.ENV_RANK, "value": str(rank)},
         {"name": contract.ENV_WORLD_SIZE, "value": str(spec.pods_per_replica)},
         {"name": contract.ENV_LOCAL_RANK, "value": "0"},
@@ -129,6 +130,7 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         user_env = [e for e in container.get("env") or [] if e.get("name") not in ours]
         defaults = [d for d in DEFAULT_ENV if d["name"] not in {e.get("name") for e in user_env}]
         container["env"] = user_env + defaults + env  # ours win: the contract must hold whatever the template says
+    _add_metrics_port(pod_spec.get("containers") or [])
     for container in (pod_spec.get("initContainers") or []) + (pod_spec.get("containers") or []):
         if container.get("resources"):
             container["resources"] = quantities_as_strings(container["resources"])
@@ -140,6 +142,18 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": pod_spec,
     }
+
+
+def _add_metrics_port(containers: list[dict[str, Any]]) -> None:
+    """The trainer's /metrics port, named for the chart's PodMonitor, on the first (the training) container. Port
+    names are unique per pod: a template that already declares it keeps its own."""
+    declared = [p for c in containers for p in c.get("ports") or []]
+    if not containers or any(
+        p.get("name") == "metrics" or p.get("containerPort") == contract.TRAINER_METRICS_PORT for p in declared
+    ):
+        return
+    port = {"name": "metrics", "containerPort": contract.TRAINER_METRICS_PORT}
+    containers[0]["ports"] = [*(containers[0].get("ports") or []), port]
 
 
 def _avoid_node(affinity: dict[str, Any] | None, node: str, required: bool) -> dict[str, Any]:

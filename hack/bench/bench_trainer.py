@@ -9,7 +9,12 @@ median gap between consecutive committed steps after `--warmup` steps. Prints ea
 rounds (ours, DDP, torchft, ours, ...: 3 one-rank replica groups through torchft's lighthouse, Manager and gloo
 process group; see torchft_runner.py) and ours ÷ torchft and torchft ÷ DDP are printed too.
 
+``--metrics`` says whether ours records its Prometheus metrics (ftjob.ft.metrics; ``on``, as shipped) or not (``off``:
+FTJOB_METRICS_DISABLED=1); ``both`` runs ours both ways in every round (on, off, DDP, ...) and prints the ratio of
+medians on ÷ off: the metrics hooks' cost on the step time (no scrapes: each rank's server idles unless scraped).
+
   $(hack/lib/python-env.sh)/bin/python hack/bench/bench_trainer.py [--steps 40] [--rounds 3] [--model small]
+      [--metrics on|off|both]
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ import tempfile
 from pathlib import Path
 
 from ddp_baseline import run_ddp
-from ftjob import cli
+from ftjob import cli, contract
+from ftjob.ft.records import CommitRecord, read_run_dir
 from ftjob.gpt.config import TrainConfig
-from ftjob.launch.run_records import read_run_dir
 
 HAVE_TORCHFT = importlib.util.find_spec("torchft") is not None
 
@@ -39,8 +44,13 @@ def median_gap(times: list[float], warmup: int) -> float:
     return statistics.median(b - a for a, b in itertools.pairwise(ts))
 
 
-def run_ours(work: Path, a: argparse.Namespace) -> float:
+def run_ours(work: Path, a: argparse.Namespace, metrics: bool = True) -> float:
     run_dir = work / "run"
+    # The launcher passes no FTJOB_* variable of its own environment on, so the switch rides on the command: the
+    # reference trainer's command with the launcher's flags, behind `env` for both settings alike.
+    trainer = [sys.executable, "-m", "ftjob.gpt", f"--model={a.model}", f"--steps={a.steps}"]
+    trainer += [f"--batch-size={a.batch_size}", f"--run-dir={run_dir}", "--log-every=10", "--min-step-seconds=0.0"]
+    switch = f"{contract.ENV_METRICS_DISABLED}={0 if metrics else 1}"
     rc = cli.main(
         [
             "launch",
@@ -48,18 +58,24 @@ def run_ours(work: Path, a: argparse.Namespace) -> float:
             f"--replicas={a.groups}",
             f"--min-replicas={a.groups}",
             f"--steps={a.steps}",
-            f"--model={a.model}",
-            f"--batch-size={a.batch_size}",
             f"--report={work / 'report.json'}",
+            "--",
+            "env",
+            switch,
+            *trainer,
         ]
     )
     if rc != 0:
         raise RuntimeError(f"the fault-tolerant run failed (exit {rc}); see {run_dir}/logs")
     records = read_run_dir(run_dir)
-    per_group = [median_gap([r["t"] for r in recs if r["event"] == "commit"], a.warmup) for recs in records.values()]
-    commits = [r for recs in records.values() for r in recs if r["event"] == "commit" and r["step"] > a.warmup]
-    split = {k: statistics.median(r["phases"][k] for r in commits) * 1e3 for k in commits[0]["phases"]}
-    print("[bench] ftjob step phases (median ms): " + ", ".join(f"{k} {v:.1f}" for k, v in split.items()), flush=True)
+    per_group = [median_gap([r.t for r in recs if isinstance(r, CommitRecord)], a.warmup) for recs in records.values()]
+    commits = [r for recs in records.values() for r in recs if isinstance(r, CommitRecord) and r.step > a.warmup]
+    split = {k: statistics.median((r.phases or {})[k] for r in commits) * 1e3 for k in commits[0].phases or {}}
+    print(
+        f"[bench] ftjob (metrics {'on' if metrics else 'off'}) step phases (median ms): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in split.items()),
+        flush=True,
+    )
     return statistics.median(per_group)
 
 
@@ -90,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--metrics", choices=("on", "off", "both"), default="on", help="ours with metrics on/off/both")
     p.add_argument("--json", type=Path, help="also write the figures here")
     a = p.parse_args(argv)
     # Every side's workers start with one OpenMP thread, as our launcher starts its ranks: the DDP ranks set it
@@ -98,9 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     ours: list[float] = []
     ddp: list[float] = []
     tft: list[float] = []
+    ours_off: list[float] = []  # --metrics both: ours without metrics, in the same rounds
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         for i in range(a.rounds):
-            ours.append(run_ours(Path(tmp) / f"ours-{i}", a))
+            ours.append(run_ours(Path(tmp) / f"ours-{i}", a, metrics=a.metrics != "off"))
+            if a.metrics == "both":
+                ours_off.append(run_ours(Path(tmp) / f"ours-off-{i}", a, metrics=False))
             ddp.append(run_plain_ddp(Path(tmp) / f"ddp-{i}", a))
             line = (
                 f"[bench] round {i + 1}/{a.rounds}: ftjob {ours[-1] * 1e3:.1f} ms/step, DDP {ddp[-1] * 1e3:.1f} "
@@ -112,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"; torchft {tft[-1] * 1e3:.1f} ms/step, ftjob ÷ torchft {ours[-1] / tft[-1]:.3f}, "
                     f"torchft ÷ DDP {tft[-1] / ddp[-1]:.3f}"
                 )
+            if ours_off:
+                line += f"; metrics on ÷ off {ours[-1] / ours_off[-1]:.3f} (off {ours_off[-1] * 1e3:.1f} ms/step)"
             print(line, flush=True)
     ratio = statistics.median(ours) / statistics.median(ddp)
     figures = {
@@ -125,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         "torchft_step_s": tft or None,  # None: torchft not installed, not measured
         "ratio_ftjob_over_torchft": statistics.median(ours) / statistics.median(tft) if tft else None,
         "ratio_torchft_over_ddp": statistics.median(tft) / statistics.median(ddp) if tft else None,
+        "metrics": a.metrics,
+        "ftjob_metrics_off_step_s": ours_off or None,  # None: not measured (--metrics on|off)
+        "ratio_metrics_on_over_off": statistics.median(ours) / statistics.median(ours_off) if ours_off else None,
     }
     print(f"[bench] ftjob ÷ DDP step time: {ratio:.3f} (target <= 1.03; medians of {a.rounds} interleaved rounds)")
     if tft:
@@ -134,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print("[bench] torchft is not installed (optional `bench` extra): ours ÷ torchft not measured")
+    if ours_off:
+        print(
+            f"[bench] metrics on ÷ off step time: {figures['ratio_metrics_on_over_off']:.3f} (medians of {a.rounds} "
+            "interleaved rounds)"
+        )
     if a.json:
         a.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

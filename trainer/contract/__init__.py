@@ -39,6 +39,7 @@ LIGHTHOUSE_PORT = 29510  # lighthouse HTTP API
 GROUP_MASTER_PORT = 29500  # torch.distributed rendezvous inside one group (MASTER_PORT)
 RECOVERY_PORT = 29520  # per-rank state server a healing peer copies from
 CROSS_GROUP_STORE_PORT = 29530  # TCPStore hosted by a group's rank for the cross-group process group
+TRAINER_METRICS_PORT = 29540  # every worker rank's Prometheus /metrics (ftjob.ft.metrics; container port "metrics")
 
 # --- Env vars the operator sets on worker pods and the trainer reads -------------------------------------------
 ENV_JOB_NAME = "FTJOB_JOB_NAME"
@@ -55,6 +56,8 @@ ENV_COLLECTIVE_TIMEOUT_S = "FTJOB_COLLECTIVE_TIMEOUT_S"  # bound on one cross-gr
 ENV_QUORUM_TIMEOUT_S = "FTJOB_QUORUM_TIMEOUT_S"  # bound on one quorum request
 ENV_LIGHTHOUSE_LOST_TIMEOUT_S = "FTJOB_LIGHTHOUSE_LOST_TIMEOUT_S"  # how long to keep retrying an unreachable lighthouse
 ENV_CHECKPOINT_EVERY = "FTJOB_CHECKPOINT_EVERY"  # durable checkpoint every N committed steps (ftjob.ft; 0: never)
+ENV_METRICS_PORT = "FTJOB_METRICS_PORT"  # trainer /metrics port (pods: TRAINER_METRICS_PORT; unset or 0: none)
+ENV_METRICS_DISABLED = "FTJOB_METRICS_DISABLED"  # "1": the trainer records no metrics (to measure their cost)
 # Set by the local launcher (ftjob-trainer launch) only
 ENV_RUN_DIR = "FTJOB_RUN_DIR"  # where each group's rank 0 appends its run records (ftjob.ft.records)
 ENV_RECOVERY_PORT = "FTJOB_RECOVERY_PORT"  # the recovery server's port (pods: RECOVERY_PORT; unset: ephemeral)
@@ -127,6 +130,7 @@ class WorkerEnv:
     master_port: int
     recovery_port: int = 0  # 0: ephemeral (several groups on one host, as the local launcher runs them)
     store_port: int = 0
+    metrics_port: int = 0  # 0: no metrics server
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> WorkerEnv:
@@ -146,4 +150,5 @@ class WorkerEnv:
             master_port=int(env.get(ENV_MASTER_PORT, str(GROUP_MASTER_PORT))),
             recovery_port=int(env.get(ENV_RECOVERY_PORT) or 0),
             store_port=int(env.get(ENV_CROSS_GROUP_STORE_PORT) or 0),
+            metrics_port=int(env.get(ENV_METRICS_PORT) or 0),
         )

@@ -21,12 +21,16 @@ A plain DDP script becomes fault tolerant by changing its setup lines only::
 Spares and healing groups need no code of their own; ``register_state`` adds your own state to what healing copies
 and checkpoints hold. ``Manager`` is the lower-level step protocol the wrappers drive (see ftjob.gpt for a loop
 written on it).
+
+Every rank's Prometheus metrics (``ftjob_trainer_*``, served on FTJOB_METRICS_PORT) are fed by the Manager; a loop adds
+its own tokens and phases: ``ft.trainer_metrics().add_tokens(n)``, ``with ft.trainer_metrics().phase("data"): ...``.
 """
 
 from ftjob.ft.data import DataLoader
 from ftjob.ft.ddp import DistributedDataParallel
 from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
 from ftjob.ft.manager import InitialSyncError, Manager, ManagerConfig, QuorumInfo, QuorumUnavailable
+from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
 from ftjob.ft.optim import GradScaler, LRScheduler, Optimizer
 from ftjob.ft.session import Session, SessionConfig
 from ftjob.ft.setup import current_session, init
@@ -57,8 +61,10 @@ __all__ = [
     "SessionConfig",
     "StateDictError",
     "StepShard",
+    "TrainerMetrics",
     "current_session",
     "init",
     "register_state",
     "step_shard",
+    "trainer_metrics",
 ]

@@ -78,6 +78,7 @@ class LighthouseClient:
         heartbeat_interval_s: float = 0.1,
         on_abort: Callable[[int], None] | None = None,
         lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S,
+        on_reconnect: Callable[[], None] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.group = group
@@ -96,6 +97,8 @@ class LighthouseClient:
         self.watch_connected = threading.Event()
         self.lost_timeout_s = lost_timeout_s
         self._link_lost: asyncio.Future[None] | None = None  # resolved when the open watch socket drops
+        self._on_reconnect = on_reconnect  # called (client thread) when the watch re-opens after a lost lighthouse
+        self.reconnects = 0
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> LighthouseClient:
@@ -270,6 +273,7 @@ class LighthouseClient:
         assert self._session is not None
         query = {"group": self.group, "incarnation": self.incarnation, "rank": str(self.rank)}
         backoff = 0.05
+        was_open = False
         while not self.evicted:
             try:
                 ws_cm = self._session.ws_connect(self.url + contract.PATH_WATCH, params=query, heartbeat=LINK_PING_S)
@@ -277,6 +281,11 @@ class LighthouseClient:
                     backoff = 0.05
                     self._link_lost = asyncio.get_running_loop().create_future()
                     self.watch_connected.set()
+                    if was_open:  # the first connect is no reconnect
+                        self.reconnects += 1
+                        if self._on_reconnect is not None:
+                            self._on_reconnect()
+                    was_open = True
                     sender = asyncio.ensure_future(self._send_heartbeats(ws))
                     try:
                         async for msg in ws:

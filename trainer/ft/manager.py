@@ -35,6 +35,7 @@ from ftjob.contract.lighthouse_api import QuorumRequest, QuorumResponse
 from ftjob.ft.grad_sync import GradientSync
 from ftjob.ft.lighthouse_client import EvictedError, LighthouseClient, LighthouseError
 from ftjob.ft.manager_group import InGroup
+from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
 from ftjob.ft.process_group import CollectiveError, CrossGroupPG
 from ftjob.ft.recovery import RecoveryError, RecoveryServer, fetch_state
 from ftjob.ft.recovery_codec import CodecError
@@ -105,7 +106,9 @@ class Manager:
         cfg: ManagerConfig,
         state_dict: Callable[[], dict[str, Any]],
         load_state_dict: Callable[[dict[str, Any]], None],
+        metrics: TrainerMetrics | None = None,
     ) -> None:
+        """``metrics``: where the Prometheus metrics go (default: the process's, served on FTJOB_METRICS_PORT)."""
         check_state_dict(state_dict(), f"group {cfg.group} rank {cfg.rank}")  # before joining: fail alone
         self.cfg = cfg
         self._state_dict = state_dict
@@ -116,6 +119,12 @@ class Manager:
         )
         self.metrics["recovery_chunk_retries"] = 0
         self.last_error: str | None = None  # why the last step failed (for logs)
+        self.trainer_metrics = metrics if metrics is not None else trainer_metrics()
+        if metrics is None:
+            self.trainer_metrics.serve_from_env()
+        self._fail_reason = "peer"
+        self._t_commit: float | None = None  # end of the last commit (or of the first quorum): step_seconds
+        self._t_quorum_start = self._t_quorum_end = self._t_reduce_start = self._t_reduce_end = 0.0
         self._group = InGroup(cfg.rank, cfg.world_size)
         self._pg = CrossGroupPG(cfg.rank, cfg.advertise_addr, cfg.store_port, cfg.device, cfg.collective_timeout_s)
         self._grads = GradientSync(self._pg, cfg.bucket_bytes, overlap=cfg.world_size == 1)
@@ -133,6 +142,7 @@ class Manager:
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             on_abort=self._on_abort,
             lost_timeout_s=cfg.lost_timeout_s,
+            on_reconnect=self.trainer_metrics.lighthouse_reconnected,
         ).start()
         self._fresh = cfg.sync_at_start  # not yet synced with the job (only matters while step == 0)
         self._quorum_id = -1  # last quorum id seen (reported so a restarted lighthouse keeps ids increasing)
@@ -208,7 +218,11 @@ class Manager:
     def start_quorum(self) -> QuorumInfo:
         """Joins this step's quorum; heals first if behind. Raises EvictedError / QuorumUnavailable (exit),
         StateDictError (this group's state cannot be served to a healing peer), InitialSyncError."""
+        self._t_quorum_start = time.monotonic()
+        if self._t_commit is None:
+            self._t_commit = self._t_quorum_start  # the first step's time counts from its quorum request
         self._step_error = None
+        self._t_reduce_start = 0.0
         answer = _GroupAnswer.model_validate(self._group.broadcast_json(self._ask_lighthouse().model_dump(mode="json")))
         if answer.quorum is None:
             if answer.evicted:
@@ -230,7 +244,7 @@ class Manager:
             )
             self.metrics["pg_rebuilds"] += int(rebuilt)
         except CollectiveError as e:
-            self._fail(str(e))
+            self._fail(str(e), "process_group")
         healed = self._heal(q) if q.heal else False
         if not q.heal or healed:
             self._fresh = False  # the reference of a step-0 sync, a synced copy, or simply past step 0
@@ -246,6 +260,9 @@ class Manager:
             healed=healed,
         )
         self._grads.arm(q.contributing and self._step_error is None and self._pg.quorum_id == self._inflight)
+        state = "contributing" if q.contributing else "healing" if q.heal else "spare"
+        self.trainer_metrics.quorum_joined(q.quorum_id, q.replica_world_size, state)
+        self._t_quorum_end = time.monotonic()
         return self._info
 
     def _publish(self) -> None:
@@ -281,25 +298,28 @@ class Manager:
             why = error or "another rank of this group failed to heal"
             if q.contributing:  # a step-0 sync: training on this group's own weights would split the job
                 raise InitialSyncError(f"group {self.cfg.group}: copying the reference state at step 0: {why}")
-            self._fail(why)
+            self._fail(why, "heal")
             return False
         self.step = q.max_step
         self._client.step = self.step
         self._last_heal_s = time.monotonic() - start
         self.metrics["heals"] += 1
         self.metrics["heal_seconds"] += self._last_heal_s
+        self.trainer_metrics.healed(self._last_heal_s, stats.bytes)
         log.info(
             "group %s rank %d healed to step %d in %.3fs", self.cfg.group, self.cfg.rank, self.step, self._last_heal_s
         )
         return True
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, reason: str) -> None:
         if self._step_error is None:
             self._step_error = why
+            self._fail_reason = reason  # a bounded label value (ftjob.ft.metrics.FAILURE_REASONS)
             log.warning("group %s rank %d step %d fails: %s", self.cfg.group, self.cfg.rank, self.step, why)
 
     def allreduce_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Averages the gradients in place over the contributors (zeros from non-contributors)."""
+        self._t_reduce_start = time.monotonic()
         params = [p for p in params if p.requires_grad]
         info = self._info
         if info is None:
@@ -313,28 +333,48 @@ class Manager:
         )
         if error is not None:
             self.metrics["aborted_collectives"] += 1
-            self._fail(error)
+            self._fail(error, "collective")
+        self._t_reduce_end = time.monotonic()
 
     def should_commit(self) -> bool:
         """Unanimous vote of the group's ranks; True -> the caller steps the optimizer, and ``step`` moves on."""
+        t_vote = time.monotonic()
         ok = self._info is not None and self._step_error is None
         if ok and self._info is not None and self._info.participants < self.cfg.min_replicas:
-            self._fail(f"only {self._info.participants} groups in the quorum, min_replicas is {self.cfg.min_replicas}")
+            self._fail(
+                f"only {self._info.participants} groups in the quorum, min_replicas is {self.cfg.min_replicas}",
+                "min_replicas",
+            )
             ok = False
         ok = self._group.all_true(ok)
         if ok:
             self.step += 1
             self._commit_failures = 0
             self.metrics["commits"] += 1
+            self._record_commit(t_vote)
         else:
             self._commit_failures += 1
             self.metrics["failed_commits"] += 1
             self.last_error = self._step_error or "another rank of this group could not commit"
+            self.trainer_metrics.commit_failed(self._fail_reason if self._step_error is not None else "peer")
         self._client.step = self.step
         self._info = None
         self._inflight = None
         self._grads.disarm()
         return ok
+
+    def _record_commit(self, t_vote: float) -> None:
+        """The phases the Manager can time itself, at the same boundaries as ftjob.gpt's CommitRecord.phases:
+        quorum = start_quorum(), compute = from there to allreduce_gradients(), allreduce = that call, commit = the
+        vote. A loop that never calls allreduce_gradients() gets no compute/allreduce phase."""
+        now = time.monotonic()
+        phases = {"quorum": self._t_quorum_end - self._t_quorum_start, "commit": now - t_vote}
+        if self._t_reduce_start:
+            phases["compute"] = self._t_reduce_start - self._t_quorum_end
+            phases["allreduce"] = self._t_reduce_end - self._t_reduce_start
+        step_s = now - self._t_commit if self._t_commit is not None else None
+        self._t_commit = now
+        self.trainer_metrics.committed(self.step, step_s, phases)
 
     def check_state(self) -> None:
         """Checks the current state dict again (after it changed shape); StateDictError names what is wrong."""

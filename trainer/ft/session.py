@@ -28,6 +28,7 @@ import torch
 from ftjob.ft.digest import model_digest
 from ftjob.ft.job_checkpoint import JobCheckpoints
 from ftjob.ft.manager import Manager, ManagerConfig, QuorumInfo
+from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
 from ftjob.ft.records import CommitRecord, FinishedRecord, GroupLog, StartRecord, group_log_path
 from ftjob.ft.sharding import StepShard
 from ftjob.ft.state_check import StateDictError, check_state_dict
@@ -106,6 +107,11 @@ class Session:
     def entries(self) -> dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]]:
         """Every registered state: name -> (state_dict, load_state_dict)."""
         return dict(self._entries)
+
+    @property
+    def metrics(self) -> TrainerMetrics:
+        """This process's Prometheus metrics (add tokens and phases of your own loop here)."""
+        return self.manager.trainer_metrics if self.manager is not None else trainer_metrics()
 
     @property
     def ranks(self) -> int:

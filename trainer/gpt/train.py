@@ -232,10 +232,11 @@ class Trainer:
             t_quorum = time.monotonic()
             cursor = self.data.cursor  # read after start_quorum: a heal may have replaced it
             loss = None
-            shard_start = -1
+            shard_start, rank_samples = -1, 0
             if q.contributing:
                 shard_start, _ = shard_range(cursor, q.contributor_rank, q.num_contributors, b)
                 r_start, r_end = rank_range(shard_start, b, cfg.rank, cfg.world_size)
+                rank_samples = r_end - r_start
                 self.optimizer.zero_grad(set_to_none=False)
                 loss = forward_backward(self.model, self.source, r_start, r_end - r_start)
             else:
@@ -253,9 +254,13 @@ class Trainer:
                     "allreduce": t_allreduce - t_compute,
                     "commit": time.monotonic() - t_allreduce,
                 }
+                t_optimizer = time.monotonic()
                 torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
                 set_lr(self.optimizer, lr_at(q.step, cfg))  # q.step: the step this quorum trains
                 self.optimizer.step()
+                # The Manager times quorum/compute/allreduce/commit itself; only the loop knows these two.
+                mgr.trainer_metrics.observe_phase("optimizer", time.monotonic() - t_optimizer)
+                mgr.trainer_metrics.add_tokens(rank_samples * self.model.cfg.block_size)
                 step_samples = q.num_contributors * b
                 self.data.cursor = cursor + step_samples
                 window_tokens += step_samples * self.model.cfg.block_size
