@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import json
 import logging
 import os
 import uuid
@@ -37,6 +38,15 @@ def load_client(kubeconfig: str | None = None) -> client.ApiClient:
         config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     cfg.connection_pool_maxsize = MAX_IN_FLIGHT
     return client.ApiClient(cfg)
+
+
+def api_message(e: ApiException) -> str:
+    """The apiserver's own sentence (its Status message), e.g. 'pods "x" is forbidden: exceeded quota: ...'."""
+    try:
+        message = json.loads(e.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{e.status} {e.reason}: {message or e.body or ''}".strip()
 
 
 class KubeApi:

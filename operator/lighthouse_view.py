@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, StatusResponse
+from ftjob.operator.model import JobState
+
+SILENCE_MIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,8 @@ class LighthouseView:
     step: int | None = None  # the committed step of the current quorum
     groups: dict[str, MemberStatus] = field(default_factory=dict)
     evicted: dict[str, str] = field(default_factory=dict)  # group -> reason of its latest drop (recent history)
+    quorum_groups: tuple[str, ...] = ()
+    blocked_reason: str = ""  # why the pending quorum has not formed ("waiting for min_replicas: ...")
 
     @property
     def finished_groups(self) -> set[int]:
@@ -32,4 +37,46 @@ class LighthouseView:
             step=status.max_step,
             groups={m.group: m for m in status.members},
             evicted={e.group: e.reason for e in status.history if isinstance(e, DroppedEvent)},
+            quorum_groups=tuple(status.quorum_groups),
+            blocked_reason=status.blocked_reason,
         )
+
+
+class SilenceWatch:
+    """Groups that joined the lighthouse in their current generation and then vanished from it for longer than
+    twice its heartbeat timeout while their pods kept running: hung or cut off, so replaced. Memory only: after
+    an operator restart a group must be seen joining again first."""
+
+    def __init__(self) -> None:
+        self.joined: dict[int, int] = {}  # group -> generation in which the lighthouse last listed it
+        self.absent_since: dict[int, float] = {}
+        # group -> (generation, when this operator first saw it): a lighthouse view older than that may still list
+        # the previous incarnation, so it proves nothing about the current one having joined
+        self.generation_since: dict[int, tuple[int, float]] = {}
+
+    def new_lighthouse(self) -> None:
+        """Every group must be seen joining a new lighthouse again."""
+        self.joined.clear()
+        self.absent_since.clear()
+
+    def silent(self, view: LighthouseView, view_at: float, state: JobState, heartbeat_timeout_s: float, now: float
+               ) -> dict[int, str]:  # fmt: skip
+        limit = max(2 * heartbeat_timeout_s, SILENCE_MIN_S)
+        silent: dict[int, str] = {}
+        for idx, g in state.groups.items():
+            seen = self.generation_since.get(idx)
+            if seen is None or seen[0] != g.generation:
+                seen = self.generation_since[idx] = (g.generation, now)
+            if str(idx) in view.groups:
+                if view_at <= seen[1]:
+                    continue  # fetched before this generation existed: may list the group's previous incarnation
+                self.joined[idx] = g.generation
+                self.absent_since.pop(idx, None)
+                continue
+            if self.joined.get(idx) != g.generation:
+                continue
+            since = self.absent_since.setdefault(idx, now)
+            if now - since > limit:
+                why = view.evicted.get(str(idx), "no longer a member")
+                silent[idx] = f"replica group {idx} left the lighthouse ({why}) {now - since:.0f}s ago but its pods run"
+        return silent

@@ -21,7 +21,7 @@ from ftjob.operator.model import (
     format_time,
     parse_time,
 )
-from ftjob.operator.stuck import LIGHTHOUSE, Blocker, group_blocker, job_blocker
+from ftjob.operator.stuck import LIGHTHOUSE, REASON_POD_CREATION_REFUSED, Blocker, group_blocker, job_blocker
 
 CONDITION_TYPES = ("Created", "Running", "Degraded", "Recovering", "Suspended", "Succeeded", "Failed")
 
@@ -79,8 +79,11 @@ def build_status(
     generation: int | None,
     now: float,
     create_refused: dict[int, str] | None = None,
+    goodput: dict[str, Any] | None = None,
+    history: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """`create_refused`: group -> the apiserver's message when it refused to create that group's pods."""
+    """`create_refused`: group -> the apiserver's message when it refused to create that group's pods.
+    `goodput`, `history`: from progress.track (None keeps what `previous` had)."""
     lh_groups = lighthouse.groups if lighthouse else {}
     blockers: dict[int, Blocker] = {}
     groups_out: list[dict[str, Any]] = []
@@ -161,6 +164,10 @@ def build_status(
         "completionTime": format_time(state.completion_time),
         "completingSince": format_time(state.completing_since),
     }
+    for key, value in (("goodput", goodput), ("history", history)):
+        value = value if value is not None else (previous or {}).get(key)
+        if value:
+            status[key] = value
     if stuck is not None:
         status["reason"] = stuck.reason  # why it is stuck, in one word (a printer column of `kubectl get ftj`)
     if lighthouse is not None and lighthouse.quorum_id is not None:
@@ -170,6 +177,20 @@ def build_status(
     elif previous and previous.get("quorum"):
         status["quorum"] = previous["quorum"]  # keep the last known quorum (e.g. after the lighthouse stopped)
     return status
+
+
+def status_events(before: dict[str, Any] | None, status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Warning Events a status change calls for: newly stuck (a refused creation already got its own, with the API's
+    words), newly paused below minReplicas."""
+    out = []
+    stuck = status.get("reason")
+    if stuck and stuck != (before or {}).get("reason") and stuck != REASON_POD_CREATION_REFUSED:
+        out.append(("Warning", stuck, next(c for c in status["conditions"] if c["type"] == "Degraded")["message"]))
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    was = next((c for c in (before or {}).get("conditions", []) if c["type"] == "Running"), {})
+    if running["reason"] == REASON_BELOW_MIN_REPLICAS and was.get("reason") != REASON_BELOW_MIN_REPLICAS:
+        out.append(("Warning", REASON_BELOW_MIN_REPLICAS, running["message"]))
+    return out
 
 
 def monotonic_quorum(seen: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:

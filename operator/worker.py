@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -23,16 +22,16 @@ from typing import Any
 
 import kopf
 from ftjob import contract
-from ftjob.operator import builders, metrics, names
-from ftjob.operator.kubeapi import KubeApi
+from ftjob.operator import builders, metrics, names, progress
+from ftjob.operator.kubeapi import KubeApi, api_message
 from ftjob.operator.lighthouse_client import LighthouseClient, base_url
-from ftjob.operator.lighthouse_view import LighthouseView
-from ftjob.operator.model import JobSpec, JobState, PodView
+from ftjob.operator.lighthouse_view import LighthouseView, SilenceWatch
+from ftjob.operator.model import JobSpec, JobState, PodView, parse_time
 from ftjob.operator.node_health import NodeView, degraded_nodes
 from ftjob.operator.node_policy import NodePolicy
 from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, SURVIVOR_PHASES, Actions, Observed, Result, plan
-from ftjob.operator.status import REASON_BELOW_MIN_REPLICAS, build_status, state_from_status
-from ftjob.operator.stuck import LIGHTHOUSE, REASON_POD_CREATION_REFUSED
+from ftjob.operator.status import build_status, state_from_status, status_events
+from ftjob.operator.stuck import LIGHTHOUSE
 from kubernetes.client.rest import ApiException
 
 log = logging.getLogger("ftjob.operator.worker")
@@ -42,7 +41,6 @@ LIGHTHOUSE_POLL_S = 2.0
 STATUS_MIN_INTERVAL_S = 0.5
 RETRY_S = 0.5
 ERROR_BACKOFF_S = 2.0
-SILENCE_MIN_S = 10.0
 
 
 class JobWorker:
@@ -77,11 +75,7 @@ class JobWorker:
         self.lh_retry_at = 0.0
         self.lh_polled_base: str | None = None
         self.lh_view_at = 0.0
-        self.joined: dict[int, int] = {}  # group -> generation in which the lighthouse last listed it
-        self.absent_since: dict[int, float] = {}
-        # group -> (generation, when this operator first saw it): a lighthouse view older than that may still list
-        # the previous incarnation, so it proves nothing about the current one having joined
-        self.generation_since: dict[int, tuple[int, float]] = {}
+        self.silence = SilenceWatch()  # groups that left the lighthouse while their pods run
         self.last_status: dict[str, Any] | None = (body.get("status") or None) and dict(body["status"])
         self.last_status_write = 0.0
         self.task: asyncio.Task[None] | None = None
@@ -104,6 +98,7 @@ class JobWorker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
         self.on_phase((self.namespace, self.name), None)
+        metrics.forget_job(self.namespace, self.name)
 
     async def _run(self) -> None:
         delay = 0.0
@@ -214,30 +209,9 @@ class JobWorker:
         return None
 
     def _silent_groups(self, spec: JobSpec, now: float) -> dict[int, str]:
-        """Groups that joined the lighthouse in their current generation and then vanished from it for longer than
-        twice its heartbeat timeout while their pods kept running: hung or cut off, so replaced. Memory only: after
-        an operator restart a group must be seen joining again first."""
         if self.lh_view is None or self.state is None or now - self.lh_view_at > 3 * LIGHTHOUSE_POLL_S:
             return {}  # no fresh view of the lighthouse: absence cannot be judged (and is not counted)
-        limit = max(2 * spec.lighthouse.heartbeat_timeout_s, SILENCE_MIN_S)
-        silent: dict[int, str] = {}
-        for idx, g in self.state.groups.items():
-            seen = self.generation_since.get(idx)
-            if seen is None or seen[0] != g.generation:
-                seen = self.generation_since[idx] = (g.generation, now)
-            if str(idx) in self.lh_view.groups:
-                if self.lh_view_at <= seen[1]:
-                    continue  # fetched before this generation existed: may list the group's previous incarnation
-                self.joined[idx] = g.generation
-                self.absent_since.pop(idx, None)
-                continue
-            if self.joined.get(idx) != g.generation:
-                continue
-            since = self.absent_since.setdefault(idx, now)
-            if now - since > limit:
-                why = self.lh_view.evicted.get(str(idx), "no longer a member")
-                silent[idx] = f"replica group {idx} left the lighthouse ({why}) {now - since:.0f}s ago but its pods run"
-        return silent
+        return self.silence.silent(self.lh_view, self.lh_view_at, self.state, spec.lighthouse.heartbeat_timeout_s, now)
 
     async def _poll_lighthouse(self, pods: list[PodView], now: float, force: bool = False) -> None:
         if self.state is None or self.token is None or (not force and now - self.lh_polled < LIGHTHOUSE_POLL_S):
@@ -250,8 +224,7 @@ class JobWorker:
         metrics.LIGHTHOUSE_CALLS.labels("status", "ok" if view else "error").inc()
         if view is not None:
             if base != self.lh_polled_base:  # a new lighthouse: every group must be seen joining it again
-                self.joined.clear()
-                self.absent_since.clear()
+                self.silence.new_lighthouse()
                 self.lh_polled_base = base
             self.lh_view = view
             self.lh_view_at = now
@@ -351,7 +324,7 @@ class JobWorker:
         errors = [r for r in deleted if isinstance(r, BaseException)]
         for (group, _), r in zip(creates, created, strict=True):
             if isinstance(r, ApiException) and 400 <= r.status < 500 and r.status != 409:
-                self.create_refused[group] = _api_message(r)
+                self.create_refused[group] = api_message(r)
             elif isinstance(r, ValueError):  # the client's own validation (pydantic's errors are ValueErrors)
                 self.create_refused[group] = f"invalid pod: {r}"
             elif isinstance(r, BaseException):
@@ -390,6 +363,10 @@ class JobWorker:
 
     async def _write_status(self, spec: JobSpec, result: Result, pods: list[PodView], force: bool) -> float | None:
         """Write status if it changed; unless forced, at most every STATUS_MIN_INTERVAL_S (returns the wait)."""
+        now = time.time()
+        created = parse_time(self.body["metadata"].get("creationTimestamp")) or now
+        prog = progress.track(self.last_status, self.lh_view, self.lh_view_at, spec, result.state,
+                              result.group_phases, created, now)  # fmt: skip
         status = build_status(
             job=self.name,
             spec=spec,
@@ -399,8 +376,10 @@ class JobWorker:
             lighthouse=self.lh_view,
             previous=self.last_status,
             generation=self.body["metadata"].get("generation"),
-            now=time.time(),
+            now=now,
             create_refused=dict(self.create_refused),
+            goodput=prog.goodput,
+            history=prog.history,
         )
         if status == self.last_status:
             return None
@@ -411,25 +390,10 @@ class JobWorker:
         for key in self.last_status or {}:
             patch.setdefault(key, None)  # a merge patch removes fields we no longer report
         await self.kube.patch_status(self.namespace, self.name, patch)
-        stuck = status.get("reason")
-        # newly stuck: say why once, as an Event (a refused creation already got its own, with the API's words)
-        if stuck and stuck != (self.last_status or {}).get("reason") and stuck != REASON_POD_CREATION_REFUSED:
-            degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
-            self._event("Warning", stuck, degraded["message"])
-        running = next(c for c in status["conditions"] if c["type"] == "Running")
-        before = next((c for c in (self.last_status or {}).get("conditions", []) if c["type"] == "Running"), {})
-        if running["reason"] == REASON_BELOW_MIN_REPLICAS and before.get("reason") != REASON_BELOW_MIN_REPLICAS:
-            self._event("Warning", REASON_BELOW_MIN_REPLICAS, running["message"])
+        for type_, reason, message in status_events(self.last_status, status):
+            self._event(type_, reason, message)
         self.last_status = status
         self.last_status_write = time.monotonic()
+        metrics.set_job_progress(self.namespace, self.name, prog.goodput, prog.groups, prog.step, prog.quorum)
         self.on_phase((self.namespace, self.name), status["phase"])
         return None
-
-
-def _api_message(e: ApiException) -> str:
-    """The apiserver's own sentence (its Status message), e.g. 'pods "x" is forbidden: exceeded quota: ...'."""
-    try:
-        message = json.loads(e.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return f"{e.status} {e.reason}: {message or e.body or ''}".strip()
