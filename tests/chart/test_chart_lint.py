@@ -83,6 +83,8 @@ def test_optional_objects_are_off_by_default_and_render_when_enabled() -> None:
     objs = render("opt", "ops", MODES["everything-on"])
     monitor = next(o for o in objs if o["kind"] == "ServiceMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    # The operator's `namespace` label is the job's, not the scrape target's: Prometheus must keep it.
+    assert all(e["honorLabels"] is True for e in monitor["spec"]["endpoints"])
     policy = next(o for o in objs if o["kind"] == "NetworkPolicy")
     assert policy["metadata"]["namespace"] == "team-a"
     # The policy must select what the operator labels lighthouse pods with, and open exactly the lighthouse port.
