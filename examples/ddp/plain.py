@@ -1,6 +1,7 @@
 """The README's plain DDP loop (plain.py, run with `torchrun --nproc-per-node 2 examples/ddp/plain.py`) and the same
 loop made fault tolerant with ftjob (fault_tolerant.py: `ftjob-trainer launch --replicas 3 --kill-at 20 -- python
-examples/ddp/fault_tolerant.py`, or examples/k8s/ddp.yaml). `diff plain.py fault_tolerant.py`: only setup lines change.
+examples/ddp/fault_tolerant.py`, or examples/k8s/ddp.yaml). `diff plain.py fault_tolerant.py`: only setup lines
+change (and the closing destroy_process_group, which ftjob does at exit).
 """
 
 import torch
@@ -27,3 +28,5 @@ for x, y in loader:
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     scheduler.step()
+
+dist.destroy_process_group()  # without it gloo threads may abort the exit (SIGABRT); ftjob does this at exit

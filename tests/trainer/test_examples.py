@@ -104,14 +104,24 @@ def test_whole_job_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
 
 
 def test_plain_ddp_loop_becomes_fault_tolerant_by_changing_setup_lines_only(tmp_path: Path) -> None:
-    """The README's pair: every line that differs comes before the loop; the plain one runs under torchrun, the
-    fault-tolerant one under the launcher with a group killed."""
+    """The README's pair: the loop is the same, every line that differs is setup before it (and plain DDP's closing
+    destroy_process_group, which ftjob does at exit); the plain one runs under torchrun, the fault-tolerant one
+    under the launcher with a group killed."""
     plain = (REPO / "examples" / "ddp" / "plain.py").read_text().splitlines()
     ftv = (REPO / "examples" / "ddp" / "fault_tolerant.py").read_text().splitlines()
     loop = "for x, y in loader:"
-    assert plain[plain.index(loop) :] == ftv[ftv.index(loop) :], "the loop itself changed"
-    changed = [op for op in difflib.SequenceMatcher(a=plain, b=ftv).get_opcodes() if op[0] != "equal"]
-    assert changed and all(i2 <= plain.index(loop) and j2 <= ftv.index(loop) for _, _, i2, _, j2 in changed)
+
+    def loop_block(lines: list[str]) -> tuple[int, int]:
+        start = lines.index(loop)
+        end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+        return start, end
+
+    (p0, p1), (f0, f1) = loop_block(plain), loop_block(ftv)
+    assert plain[p0:p1] == ftv[f0:f1], "the loop itself changed"
+    assert [s.split("#")[0].strip() for s in plain[p1:] if s.strip()] == ["dist.destroy_process_group()"]
+    assert not [s for s in ftv[f1:] if s.strip()], "fault_tolerant.py needs nothing after the loop"
+    changed = [op for op in difflib.SequenceMatcher(a=plain[:p1], b=ftv[:f1]).get_opcodes() if op[0] != "equal"]
+    assert changed and all(i2 <= p0 and j2 <= f0 for _, _, i2, _, j2 in changed)
 
     torchrun = Path(PY).parent / "torchrun"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTJOB_", "RANK", "WORLD_SIZE", "MASTER_"))}
