@@ -38,6 +38,7 @@ class Sample:
     restarts: int = 0  # group + lighthouse restarts so far (restartsByReason summed): a rise is a failure
     lighthouse_generation: int = 0  # a new one is a failure (its quorum re-forms)
     suspended: bool = False
+    first_quorum: tuple[float, int] | None = None  # (when, step) the lighthouse formed its first listed quorum
 
 
 def advance(previous: dict[str, Any] | None, sample: Sample | None, created: float, end: float | None = None
@@ -72,10 +73,22 @@ def _interval(g: dict[str, Any], s: Sample, t1: float) -> None:
         or (s.step is None and not s.suspended)  # the lighthouse is unreachable
         or any(v == FAILED for v in s.groups.values())
     )
-    membership_changed = set(s.quorum) != quorum_before or _contributors(s) != set(st.get("contributors") or [])
+    contributors_before = set(st.get("contributors") or [])
+    states_before = dict(st.get("groupStates") or {})
+    membership_changed = set(s.quorum) != quorum_before or _contributors(s) != contributors_before
     st["restarts"], st["lighthouseGeneration"] = s.restarts, s.lighthouse_generation
     st["quorum"], st["contributors"], st["groupsLast"] = sorted(s.quorum), sorted(_contributors(s)), sorted(s.groups)
+    st["groupStates"] = {str(i): v for i, v in s.groups.items()}
     ds, first = 0, False
+    if s.step is not None and st["step"] is None and s.quorum and s.first_quorum is not None:
+        t_q, step_q = s.first_quorum
+        if st["until"] < t_q < t1 and step_q <= s.step:
+            # training began at the first quorum, before this poll saw it: start-up ends there, and the steps since
+            # are this interval's progress (a baseline at this poll's step would count them as start-up)
+            n = max(len(s.groups), len(_contributors(s)))
+            _account(g, t_q - st["until"], 0.0, 0.0, STARTUP, s.groups, n)
+            st["until"], st["step"] = t_q, step_q
+            contributors_before = _contributors(s)  # they have trained together since that quorum
     if s.step is not None:
         if st["step"] is None:
             if s.quorum:  # the first quorum's step is the baseline (a job may resume from a checkpoint)
@@ -107,14 +120,33 @@ def _interval(g: dict[str, Any], s: Sample, t1: float) -> None:
         step_s = _step_seconds(st)
     productive = min(dt, ds * step_s if step_s else dt) if ds else 0.0
     unobserved = min(dt - productive, gap_excess)
-    contributing = sum(1 for v in s.groups.values() if v == CONTRIBUTING)
-    _account(g, dt, productive, unobserved, cause, s.groups, max(len(s.groups), contributing), contributing)
+    weights = _contribution(s.groups, contributors_before)
+    contributing = sum(weights.values())
+    _account(g, dt, productive, unobserved, cause, s.groups, max(len(s.groups), round(contributing)), contributing,
+             weights, states_before)  # fmt: skip
     st["until"] = t1
 
 
+def _contribution(groups: dict[int, str], before: set[str]) -> dict[int, float]:
+    """The share of the interval each group contributed. A poll sees states, not when they changed: a group that
+    started or stopped contributing since the last poll did so at an unknown moment, and half the interval is the
+    unbiased estimate (the poll's end state alone would bias every failure's interval one way). One that finished
+    trained through its last step in the interval."""
+    out: dict[int, float] = {}
+    for i, v in groups.items():
+        was = str(i) in before
+        if v == CONTRIBUTING:
+            out[i] = 1.0 if was else 0.5
+        elif was:
+            out[i] = 1.0 if v == FINISHED else 0.5
+    return out
+
+
 def _account(g: dict[str, Any], dt: float, productive: float, unobserved: float, cause: str, groups: dict[int, str],
-             n: int, contributing: int = 0) -> None:  # fmt: skip
+             n: int, contributing: float = 0.0, weights: dict[int, float] | None = None,
+             states_before: dict[str, str] | None = None) -> None:  # fmt: skip
     """Adds one interval: wall `dt` = productive + cause + unobserved ("other"); group-seconds n * dt likewise."""
+    weights = weights or {}
     wall, gs = g["badputSeconds"], g["badputGroupSeconds"]
     observed = dt - unobserved
     g["elapsedSeconds"] += dt
@@ -128,9 +160,11 @@ def _account(g: dict[str, Any], dt: float, productive: float, unobserved: float,
         gs[cause] += n * observed - contributing * productive
         return
     gs[cause] += contributing * (observed - productive)
-    for v in groups.values():
-        if v != CONTRIBUTING:
-            gs[_GROUP_BADPUT[v]] += observed
+    for i, v in groups.items():
+        idle = 1.0 - weights.get(i, 0.0)
+        if idle > 0:  # its state's cause; a group now contributing lost its other share to what it was before
+            was = (states_before or {}).get(str(i), HEALING)
+            gs[_GROUP_BADPUT.get(v if v != CONTRIBUTING else was, REJOIN)] += idle * observed
     gs[REJOIN] += (n - len(groups)) * observed  # wanted groups the sample does not list yet
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, StatusResponse
+from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, QuorumEvent, StatusResponse
 from ftjob.operator.model import JobState
 
 SILENCE_MIN_S = 10.0
@@ -24,6 +24,8 @@ class LighthouseView:
     evicted: dict[str, str] = field(default_factory=dict)  # group -> reason of its latest drop (recent history)
     quorum_groups: tuple[str, ...] = ()
     blocked_reason: str = ""  # why the pending quorum has not formed ("waiting for min_replicas: ...")
+    # (seconds before the answer, step) of the earliest quorum the answer's history lists: when training began
+    first_quorum: tuple[float, int] | None = None
 
     @property
     def finished_groups(self) -> set[int]:
@@ -34,12 +36,22 @@ class LighthouseView:
         return cls(
             quorum_id=status.quorum_id,
             quorum_size=len(status.quorum_groups),
-            step=status.max_step,
+            # a group that finished committed its last step, which no quorum starts from
+            step=max([status.max_step, *(m.step for m in status.members if m.finished)]),
             groups={m.group: m for m in status.members},
             evicted={e.group: e.reason for e in status.history if isinstance(e, DroppedEvent)},
             quorum_groups=tuple(status.quorum_groups),
             blocked_reason=status.blocked_reason,
+            first_quorum=_first_quorum(status),
         )
+
+
+def _first_quorum(status: StatusResponse) -> tuple[float, int] | None:
+    quorums = [e for e in status.history if isinstance(e, QuorumEvent)]
+    if status.clock is None or not quorums:
+        return None
+    first = min(quorums, key=lambda e: e.quorum_id)
+    return max(0.0, status.clock - first.time), first.step
 
 
 class SilenceWatch:

@@ -80,7 +80,16 @@ def sample(view: LighthouseView | None, t: float, spec: JobSpec, state: JobState
         restarts=sum(state.restarts_by_reason.values()),
         lighthouse_generation=state.lighthouse_generation,
         suspended=state.suspended,
+        first_quorum=_first_quorum_at(view, t),
     )
+
+
+def _first_quorum_at(view: LighthouseView | None, t: float) -> tuple[float, int] | None:
+    """The view's first quorum as (wall time, step): its age is taken back from `t`, when the answer came."""
+    if view is None or view.first_quorum is None:
+        return None
+    age, step = view.first_quorum
+    return t - age, step
 
 
 def track(previous: dict[str, Any] | None, view: LighthouseView | None, view_at: float, spec: JobSpec,

@@ -76,8 +76,9 @@ def test_synthetic_timeline_gives_exact_goodput_and_badput():
     assert g["groupSeconds"] == pytest.approx(3 * 56)
     assert g["productiveGroupSeconds"] == pytest.approx(2 * 30)
     assert gs["startup"] == pytest.approx(3 * 12)
-    assert gs["spareIdle"] == pytest.approx(20 + 10)  # the spare before the failure, the replaced group after
-    assert gs["failureStall"] == pytest.approx(2 * 4 + 4)  # two contributors stall, the failed group is down
+    # the spare before its promotion (half the poll it happened in: the moment is unknown), the replaced group after
+    assert gs["spareIdle"] == pytest.approx(20 + 1 + 10)
+    assert gs["failureStall"] == pytest.approx(2 * 4 + 4 - 1)  # the contributors stall, the failed group is down
     assert gs["rejoin"] == pytest.approx(2 * 4 + 4)  # the contributors wait on the healer, which heals
     assert gs["belowMinimum"] == pytest.approx(3 * 6)
     assert g["productiveGroupSeconds"] + sum(gs.values()) == pytest.approx(g["groupSeconds"])
@@ -141,7 +142,7 @@ def test_metrics_are_set_and_removed():
     got = lambda name, **lab: REGISTRY.get_sample_value(name, {"namespace": "ns", "job": "jj", **lab})  # noqa: E731
     assert got("ftjob_job_goodput_ratio", basis="wall") == pytest.approx(g["ratio"])
     assert got("ftjob_job_badput_seconds", cause="failureStall") == pytest.approx(4)
-    assert got("ftjob_job_badput_group_seconds", cause="spareIdle") == pytest.approx(30)
+    assert got("ftjob_job_badput_group_seconds", cause="spareIdle") == pytest.approx(31)
     assert got("ftjob_job_committed_step") == 60 and got("ftjob_job_quorum_size") == 2
     assert got("ftjob_job_groups", state="spare") == 1
     metrics.forget_job("ns", "jj")
@@ -173,3 +174,43 @@ def test_below_minimum_means_a_group_is_held_back_not_the_lighthouse_idling_betw
     # the job ending (groups finished training, pods completed) is not a pause below the minimum
     ending = JobState(completing_since=T0 - 1)
     assert not progress.sample(None, T0, spec, ending, {0: "Succeeded", 1: "Succeeded"}).below_minimum
+
+
+def test_training_before_the_first_poll_that_sees_a_quorum_counts_from_the_lighthouse_history():
+    from ftjob.contract.lighthouse_api import QuorumEvent, StatusResponse
+
+    # the lighthouse formed its first quorum at step 0 1.5 s before answering; 6 steps of 0.25 s landed since
+    status = StatusResponse(quorum_id=1, max_step=6, abort_below=0, min_replicas=1, quorum_groups=["0", "1"],
+                            members=[], starting=[], blocked_reason="", clock=500.0,
+                            history=[QuorumEvent(time=498.5, quorum_id=1, groups=["0", "1"], step=0)])  # fmt: skip
+    view = LighthouseView.from_status(status)
+    assert view.first_quorum == (1.5, 0)
+    two = {0: C, 1: C}
+    first = progress._first_quorum_at(view, T0 + 10)
+    s = G.Sample(t=T0 + 10, step=6, quorum=["0", "1"], groups=two, first_quorum=first)
+    g = G.advance(G.advance(None, s, T0), G.Sample(t=T0 + 12, step=14, quorum=["0", "1"], groups=two), T0)
+    assert g["badputSeconds"]["startup"] == pytest.approx(8.5)  # up to the first quorum, not to the first poll
+    assert g["productiveSeconds"] == pytest.approx(3.5) and g["productiveGroupSeconds"] == pytest.approx(7)
+    # a lighthouse that does not say its clock: the first poll's step is the baseline, as before
+    old = LighthouseView.from_status(status.model_copy(update={"clock": None}))
+    assert old.first_quorum is None
+    g = G.advance(G.advance(None, G.Sample(t=T0 + 10, step=6, quorum=["0", "1"], groups=two), T0),
+                  G.Sample(t=T0 + 12, step=14, quorum=["0", "1"], groups=two), T0)  # fmt: skip
+    assert g["badputSeconds"]["startup"] == pytest.approx(10) and g["productiveSeconds"] == pytest.approx(2)
+
+
+def test_a_group_that_fails_or_finishes_between_polls_is_credited_its_share_of_the_interval():
+    q = ["0", "1"]
+    samples = [
+        G.Sample(t=T0 + 2, step=0, quorum=q, groups={0: C, 1: C}),
+        G.Sample(t=T0 + 4, step=8, quorum=q, groups={0: C, 1: C}),
+        G.Sample(t=T0 + 6, step=16, quorum=["0"], groups={0: C, 1: F}, restarts=1),  # group 1 died in there
+        G.Sample(t=T0 + 8, step=24, quorum=["0"], groups={0: C, 1: F}, restarts=1),
+        G.Sample(t=T0 + 10, step=32, quorum=["0"], groups={0: G.FINISHED, 1: F}, restarts=1),  # 0 trained to the end
+    ]
+    g = _run(samples)
+    assert g["productiveSeconds"] == pytest.approx(8)
+    # both groups 2 s, then group 1 half of the poll it died in, then group 0 alone up to its last step
+    assert g["productiveGroupSeconds"] == pytest.approx(2 * 2 + 1.5 * 2 + 2 + 2)
+    assert g["badputGroupSeconds"]["failureStall"] == pytest.approx(1 + 2 + 2)
+    assert g["productiveGroupSeconds"] + sum(g["badputGroupSeconds"].values()) == pytest.approx(g["groupSeconds"])

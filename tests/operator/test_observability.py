@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 JOB = "obs"
 STEPS = 240
-GOODPUT_TOLERANCE = 0.08  # absolute: the operator samples the lighthouse every 2 s, the records see every commit
+GOODPUT_TOLERANCE = 0.04  # absolute: the operator samples the lighthouse every 2 s, the records see every commit
 
 
 def scrape(pod: Any) -> dict[str, float]:
@@ -106,7 +106,8 @@ def test_a_job_with_one_failure_is_observable(kube, namespace, operators, record
     elapsed = ended - created
     assert abs(g["elapsedSeconds"] - elapsed) <= 3, (g, elapsed)  # timestamps have one-second resolution
     gaps = [b.t - a.t for a, b in zip(commits["0"], commits["0"][1:], strict=False) if b.step == a.step + 1]
-    step_s = statistics.median(gaps)
+    # the mean of the ordinary steps (a stall is badput, not pace): the median of a skewed step time sits below it
+    step_s = statistics.mean(x for x in gaps if x <= 1.5 * statistics.median(gaps))
     expected = STEPS * step_s / elapsed
     contributed = sum(1 for cs in commits.values() for c in cs if c.contributing)
     expected_group = contributed * step_s / (elapsed * 2)

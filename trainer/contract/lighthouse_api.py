@@ -258,6 +258,9 @@ class StatusResponse(Answer):
     handing_over: list[str] = []  # groups marked for a handover, new incarnation not seen yet
     blocked_reason: str
     history: list[HistoryEvent]
+    # the lighthouse's clock (that of the history's times, not wall time) when it answered: an event happened
+    # `clock - event.time` seconds before the answer. None from a lighthouse older than this field
+    clock: float | None = None
 
 
 class ErrorResponse(Answer):

@@ -488,4 +488,5 @@ class QuorumCore:
             handing_over=sorted(self._handovers.pending(now), key=group_sort_key),
             blocked_reason=self.blocked_reason,
             history=list(self.history)[-50:],
+            clock=now,
         )
