@@ -73,20 +73,24 @@ def _interval(g: dict[str, Any], s: Sample, t1: float) -> None:
         or (s.step is None and not s.suspended)  # the lighthouse is unreachable
         or any(v == FAILED for v in s.groups.values())
     )
-    contributors_before = set(st.get("contributors") or [])
-    states_before = dict(st.get("groupStates") or {})
+    # each group's state at the last poll (a status written before `groupStates` kept only the contributors)
+    if "groupStates" in st:
+        states_before = dict(st["groupStates"])
+    else:
+        states_before = dict.fromkeys(st.get("contributors") or [], CONTRIBUTING)
+    contributors_before = {i for i, v in states_before.items() if v == CONTRIBUTING}
     membership_changed = set(s.quorum) != quorum_before or _contributors(s) != contributors_before
     st["restarts"], st["lighthouseGeneration"] = s.restarts, s.lighthouse_generation
-    st["quorum"], st["contributors"], st["groupsLast"] = sorted(s.quorum), sorted(_contributors(s)), sorted(s.groups)
-    st["groupStates"] = {str(i): v for i, v in s.groups.items()}
+    st["quorum"], st["groupsLast"] = sorted(s.quorum), sorted(s.groups)
+    # pairs, not a map: .status is merge-patched, which would keep the keys of groups scaled away
+    st["groupStates"] = [[str(i), v] for i, v in sorted(s.groups.items())]
     ds, first = 0, False
     if s.step is not None and st["step"] is None and s.quorum and s.first_quorum is not None:
         t_q, step_q = s.first_quorum
         if st["until"] < t_q < t1 and step_q <= s.step:
             # training began at the first quorum, before this poll saw it: start-up ends there, and the steps since
             # are this interval's progress (a baseline at this poll's step would count them as start-up)
-            n = max(len(s.groups), len(_contributors(s)))
-            _account(g, t_q - st["until"], 0.0, 0.0, STARTUP, s.groups, n)
+            _account(g, t_q - st["until"], 0.0, 0.0, STARTUP, s.groups, len(s.groups))
             st["until"], st["step"] = t_q, step_q
             contributors_before = _contributors(s)  # they have trained together since that quorum
     if s.step is not None:
@@ -122,8 +126,7 @@ def _interval(g: dict[str, Any], s: Sample, t1: float) -> None:
     unobserved = min(dt - productive, gap_excess)
     weights = _contribution(s.groups, contributors_before)
     contributing = sum(weights.values())
-    _account(g, dt, productive, unobserved, cause, s.groups, max(len(s.groups), round(contributing)), contributing,
-             weights, states_before)  # fmt: skip
+    _account(g, dt, productive, unobserved, cause, s.groups, len(s.groups), contributing, weights, states_before)
     st["until"] = t1
 
 
@@ -192,7 +195,6 @@ def _blank(created: float) -> dict[str, Any]:
             "step": None,  # the highest committed step seen
             "committedAt": None,
             "quorum": [],
-            "contributors": [],
             "groupsLast": [],
             "restarts": 0,
             "lighthouseGeneration": 0,
