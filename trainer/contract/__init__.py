@@ -63,6 +63,16 @@ ENV_RUN_DIR = "FTJOB_RUN_DIR"  # where each group's rank 0 appends its run recor
 ENV_RECOVERY_PORT = "FTJOB_RECOVERY_PORT"  # the recovery server's port (pods: RECOVERY_PORT; unset: ephemeral)
 ENV_CROSS_GROUP_STORE_PORT = "FTJOB_STORE_PORT"  # the cross-group TCPStore's port (pods: CROSS_GROUP_STORE_PORT)
 ENV_MIN_STEP_SECONDS = "FTJOB_MIN_STEP_SECONDS"  # pad every step to this long: stands in for a bigger model
+# Integrity (ftjob.ft.guard, ftjob.ft.divergence; spec.integrity in the CRD)
+ENV_GUARD = "FTJOB_GRADIENT_GUARD"  # "0": no gradient guard (default on)
+ENV_GUARD_NORM_RATIO = "FTJOB_GUARD_NORM_RATIO"  # a group's grad norm above ratio x the others' median is refused
+ENV_DIGEST_EVERY = "FTJOB_DIGEST_EVERY"  # report a state digest every N committed steps (0: never)
+ENV_GENERATION = "FTJOB_GENERATION"  # this group's generation (the pod label): 0 for the first incarnation
+ENV_FAULT_INJECTION = "FTJOB_FAULT_INJECTION"  # tests only: "group=1,kind=nan|scale|bitflip,step=20[,count=3]"
+# TLS (ftjob.contract.tls): with a CA file set, every lighthouse / recovery connection is TLS, verified against it
+ENV_TLS_CA_FILE = "FTJOB_TLS_CA_FILE"  # the job's CA certificate (PEM): clients verify servers with it
+ENV_TLS_CERT_FILE = "FTJOB_TLS_CERT_FILE"  # this process's certificate chain (PEM), for the servers it runs
+ENV_TLS_KEY_FILE = "FTJOB_TLS_KEY_FILE"  # its private key (PEM)
 # torch.distributed's own names, for the ranks inside one group
 ENV_RANK = "RANK"
 ENV_WORLD_SIZE = "WORLD_SIZE"
@@ -81,6 +91,9 @@ ENV_LIGHTHOUSE_STATE_FILE = "FTJOB_LIGHTHOUSE_STATE_FILE"  # optional: persisted
 ENV_RESTORE_QUORUM_ID = "FTJOB_RESTORE_QUORUM_ID"
 ENV_RESTORE_STEP = "FTJOB_RESTORE_STEP"
 ENV_RESTORE_WINDOW_S = "FTJOB_RESTORE_WINDOW_S"
+ENV_GUARD_MAX_OFFENCES = "FTJOB_GUARD_MAX_OFFENCES"  # a group refused by the guard this often ...
+ENV_GUARD_WINDOW_S = "FTJOB_GUARD_WINDOW_S"  # ... within this many seconds is evicted (its node then avoided)
+ENV_AUDIT_FILE = "FTJOB_AUDIT_FILE"  # optional: the audit trail's JSON lines also go to this file (always to stderr)
 
 # --- Lighthouse API paths ---------------------------------------------------------------------------------------
 PATH_QUORUM = "/v1/quorum"

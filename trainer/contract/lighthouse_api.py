@@ -52,6 +52,37 @@ def describe(error: ValidationError) -> str:
     return f"invalid {error.title}: " + "; ".join(parts)
 
 
+# --- integrity: the gradient guard's verdicts and the replicas' state digests ------------------------------------
+GuardKind = Literal["nonfinite", "norm_outlier"]
+Note = Annotated[str, StringConstraints(max_length=512)]
+
+
+class GuardOffence(Request):
+    """One group whose gradient the guard refused in a step (every member of the quorum computes the same verdict
+    from the same all-reduced norms, so any of them can report it)."""
+
+    group: GroupId
+    kind: GuardKind
+    norm: Annotated[float, Field(ge=0)] | None = None  # its gradient norm (None: not finite)
+    median: Annotated[float, Field(ge=0)] | None = None  # the median of the other contributors' norms
+
+
+class GuardVerdict(Request):
+    """A step that failed the guard: nothing committed anywhere; the offenders are named."""
+
+    quorum_id: Annotated[int, Field(ge=0)]
+    step: Count
+    offenders: Annotated[list[GuardOffence], Field(min_length=1, max_length=MAX_RANKS)]
+
+
+class StateDigest(Request):
+    """A digest of a group's whole registered state (parameters, optimizer, data position) as committed at ``step``:
+    replicas that commit through one quorum are bitwise identical, so a different digest is a fault."""
+
+    step: Count
+    digest: Digest
+
+
 # --- quorum ---------------------------------------------------------------------------------------------------
 class QuorumRequest(Request):
     """Rank 0 of a group asks for this step's quorum (its other ranks learn the answer inside the group)."""
@@ -70,6 +101,8 @@ class QuorumRequest(Request):
     want_members: bool = False  # the member list in the answer (O(groups): off by default)
     heal_seconds: Annotated[float, Field(ge=0)] | None = None  # this group's last live recovery, for metrics
     fresh: bool = False  # started from scratch and not yet synced: at step 0 it copies a peer's state first
+    guard_verdict: GuardVerdict | None = None  # the guard refused the last step: who and why (reported once)
+    state_digest: StateDigest | None = None  # every FTJOB_DIGEST_EVERY committed steps
 
     @model_validator(mode="after")
     def _one_address_per_rank(self) -> QuorumRequest:
@@ -246,6 +279,33 @@ class QuorumEvent(Answer):
 HistoryEvent = Annotated[DroppedEvent | QuorumEvent, Field(discriminator="event")]
 
 
+AuditKind = Literal["join", "leave", "evict", "refused", "guard", "divergence"]
+
+
+class AuditRecord(Answer):
+    """One line of the lighthouse's audit trail (also written to its log as JSON): a membership change, a refused
+    request, or a guard / divergence verdict."""
+
+    seq: int  # increasing from 1 in this lighthouse's life
+    time: float  # the lighthouse's clock (as history's)
+    wall_time: float  # unix time
+    kind: AuditKind
+    group: str | None = None  # the group concerned, when one is
+    actor: str  # who asked: "group 1 (incarnation ab12...) from 10.0.0.5", "operator from 10.0.0.2", ...
+    reason: str  # why, in words
+    outcome: str  # what the lighthouse did: "joined", "evicted", "refused 401", "step not committed", ...
+
+
+class IntegrityStatus(Answer):
+    """The gradient guard's and the digest check's counts (the lighthouse's life)."""
+
+    guard_offences: dict[str, int] = {}  # per group: steps the guard refused it in
+    guard_evictions: dict[str, int] = {}  # per group: evictions for repeated guard offences
+    divergences: dict[str, int] = {}  # per group: times its digest differed from the majority's
+    digests_compared: int = 0  # steps whose digests were compared
+    last_compared_step: int | None = None  # the newest step whose digests were compared
+
+
 class StatusResponse(Answer):
     quorum_id: int
     max_step: int  # the highest step any quorum started from: the job's committed step
@@ -261,6 +321,10 @@ class StatusResponse(Answer):
     # the lighthouse's clock (that of the history's times, not wall time) when it answered: an event happened
     # `clock - event.time` seconds before the answer. None from a lighthouse older than this field
     clock: float | None = None
+    integrity: IntegrityStatus = IntegrityStatus()
+    # the newest job-level audit records (guard, divergence, evictions; refusals folded one per kind and minute),
+    # oldest first, at most 100; `seq` lets a poller pick up only the new ones
+    audit: list[AuditRecord] = []
 
 
 class ErrorResponse(Answer):
