@@ -6,19 +6,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from ftjob import contract
+from ftjob.contract.tls import server_context
+from ftjob.lighthouse.audit import configure_audit_logging
+from ftjob.lighthouse.integrity import DEFAULT_MAX_OFFENCES, DEFAULT_WINDOW_S, IntegrityChecks
 from ftjob.lighthouse.quorum import QuorumCore
 from ftjob.lighthouse.server import LighthouseServer
 from ftjob.lighthouse.state import load_state
 
 log = logging.getLogger("ftjob.lighthouse")
 SHUTDOWN_GRACE_S = 1.0
+
+
+def _bounded(convert: Callable[[str], float], minimum: float, strict: bool, env_name: str) -> Callable[[str], float]:
+    """An argparse type: a number >= (``strict``: >) ``minimum``; the error names the flag's env variable too."""
+
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = math.nan
+        if not (value > minimum or (value == minimum and not strict)):
+            bound = f"{'>' if strict else '>='} {minimum:g}"
+            kind = "an integer" if convert is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {kind} {bound} (flag or env {env_name}), got {text!r}")
+        return value
+
+    return parse
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -95,12 +117,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"(env {contract.ENV_RESTORE_WINDOW_S})",
     )
     a(
+        "--guard-max-offences",
+        type=_bounded(int, 1, False, contract.ENV_GUARD_MAX_OFFENCES),
+        default=env.get(contract.ENV_GUARD_MAX_OFFENCES) or str(DEFAULT_MAX_OFFENCES),
+        help=f"a group's incarnation whose gradient the guard refused in this many steps within --guard-window-s is "
+        f"evicted (env {contract.ENV_GUARD_MAX_OFFENCES})",
+    )
+    a(
+        "--guard-window-s",
+        type=_bounded(float, 0, True, contract.ENV_GUARD_WINDOW_S),
+        default=env.get(contract.ENV_GUARD_WINDOW_S) or f"{DEFAULT_WINDOW_S:g}",
+        help=f"seconds in which --guard-max-offences offences evict a group (env {contract.ENV_GUARD_WINDOW_S})",
+    )
+    a(
+        "--audit-file",
+        default=env.get(contract.ENV_AUDIT_FILE) or None,
+        help=f"also append the audit trail's JSON lines to this file; they always go to stderr "
+        f"(env {contract.ENV_AUDIT_FILE})",
+    )
+    a(
         "--token-file",
         default=env.get(contract.ENV_TOKEN_FILE),
         help=f"file holding the job's bearer token (env {contract.ENV_TOKEN_FILE}, or the token itself in "
         f"{contract.ENV_TOKEN})",
     )
+    a(
+        "--tls-cert",
+        default=env.get(contract.ENV_TLS_CERT_FILE) or None,
+        help=f"serve HTTPS/WSS only, with this certificate chain (PEM; env {contract.ENV_TLS_CERT_FILE}); with "
+        "--tls-key. Unset: plain HTTP (local development only)",
+    )
+    a(
+        "--tls-key",
+        default=env.get(contract.ENV_TLS_KEY_FILE) or None,
+        help=f"the certificate's private key (PEM; env {contract.ENV_TLS_KEY_FILE})",
+    )
     args = p.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together: give both (TLS) or neither (plain HTTP)")
     host, sep, port = args.bind.rpartition(":")
     if not sep or not port.isdigit():
         p.error(f"--bind must be HOST:PORT (e.g. 0.0.0.0:{contract.LIGHTHOUSE_PORT}), got {args.bind!r}")
@@ -115,6 +169,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--replicas must be >= 1, got {args.replicas}")
     if args.groups is not None and args.groups < max(1, args.replicas or 1):
         p.error(f"--groups must be >= 1 and >= --replicas, got {args.groups}")
+    if args.audit_file:
+        try:
+            open(args.audit_file, "a", encoding="utf-8").close()
+        except OSError as e:
+            p.error(f"--audit-file (env {contract.ENV_AUDIT_FILE}): cannot append to {args.audit_file!r}: {e}")
     return args
 
 
@@ -140,7 +199,8 @@ def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
         core.set_desired(args.replicas, args.groups)
     elif args.groups is not None:
         core.group_limit = args.groups
-    return LighthouseServer(core, token, state_file=args.state_file)
+    integrity = IntegrityChecks(max_offences=args.guard_max_offences, window_s=args.guard_window_s)
+    return LighthouseServer(core, token, state_file=args.state_file, integrity=integrity, audit_file=args.audit_file)
 
 
 async def serve(args: argparse.Namespace, token: str) -> None:
@@ -148,11 +208,13 @@ async def serve(args: argparse.Namespace, token: str) -> None:
     # Shutdown must be quick: a lighthouse that is being replaced holds every group's next step.
     runner = web.AppRunner(server.make_app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
+    tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert else None  # then TLS only: plain HTTP fails
+    site = web.TCPSite(runner, args.host, args.port, reuse_address=True, ssl_context=tls)
     await site.start()
     port = site._server.sockets[0].getsockname()[1] if args.port == 0 and site._server else args.port
     print(
-        f"lighthouse listening on {args.host}:{port} (min_replicas={args.min_replicas}, "
+        f"lighthouse listening on {args.host}:{port} over {'TLS' if tls else 'plain HTTP'} "
+        f"(min_replicas={args.min_replicas}, "
         f"quorum_id={server.core.quorum_id}, committed_step={server.core.committed_step})",
         flush=True,
     )
@@ -168,6 +230,7 @@ async def serve(args: argparse.Namespace, token: str) -> None:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_audit_logging()  # the audit trail: bare JSON lines on stderr, whatever the format above
     args = parse_args(argv)
     try:
         token = read_token(args.token_file)
@@ -182,7 +245,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         asyncio.run(serve(args, token))
-    except ValueError as e:  # unreadable state file
+    except (ValueError, OSError) as e:  # unreadable state file or TLS files (ssl.SSLError is an OSError), port taken
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

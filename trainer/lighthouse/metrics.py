@@ -27,6 +27,27 @@ class LighthouseMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=r,
         )
+        # integrity (ftjob.lighthouse.integrity) and the audit trail (ftjob.lighthouse.audit)
+        self.guard_offences = Counter(
+            "ftjob_lighthouse_guard_offences",
+            "Steps a group's gradient was refused by the guard (counted once half of that quorum reported it)",
+            registry=r,
+        )
+        self.guard_evictions = Counter(
+            "ftjob_lighthouse_guard_evictions", "Groups evicted for repeated gradient guard offences", registry=r
+        )
+        self.divergences = Counter(
+            "ftjob_lighthouse_divergences", "Groups whose state digest differed from the majority's", registry=r
+        )
+        self.digest_checks = Counter(
+            "ftjob_lighthouse_digest_checks", "Steps whose state digests were compared across groups", registry=r
+        )
+        self.audit_records = Counter(
+            "ftjob_lighthouse_audit_records",
+            "Audited events by kind (join, leave, evict, refused, guard, divergence); folded refusals each count",
+            ["kind"],
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "ftjob_lighthouse_request_seconds",
             "Time to answer an API request (quorum requests include the wait for the quorum)",

@@ -38,6 +38,9 @@ from ftjob.contract.lighthouse_api import (
     WatchQuery,
     describe,
 )
+from ftjob.lighthouse.audit import AuditTrail
+from ftjob.lighthouse.auditing import LIGHTHOUSE, Auditor, actor_of, name_sender, peer_of
+from ftjob.lighthouse.integrity import IntegrityChecks
 from ftjob.lighthouse.metrics import LighthouseMetrics
 from ftjob.lighthouse.quorum import Formed, QuorumCore, QuorumError
 from ftjob.lighthouse.state import PersistedState, save_state
@@ -79,9 +82,11 @@ def refuse(status: int, message: str) -> web.Response:
 async def parse(request: web.Request, model: type[R]) -> R:
     """The request body as ``model``; 400 naming every field that does not fit (nothing changes)."""
     try:
-        return model.model_validate_json(await request.read())
+        body = model.model_validate_json(await request.read())
     except ValidationError as e:
         raise BadRequest(describe(e)) from None
+    name_sender(request, getattr(body, "group", None), getattr(body, "incarnation", None))  # the audit's actor
+    return body
 
 
 class LighthouseServer:
@@ -92,11 +97,16 @@ class LighthouseServer:
         state_file: str | None = None,
         tick_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
+        integrity: IntegrityChecks | None = None,
+        audit_file: str | None = None,
     ) -> None:
         if not token:
             raise ValueError(f"the lighthouse needs a bearer token: set {contract.ENV_TOKEN} or --token-file")
         self.core = core
         self.metrics = LighthouseMetrics()
+        self.integrity = integrity or IntegrityChecks()
+        self.audit = AuditTrail(audit_file, counter=self.metrics.audit_records)
+        self.auditor = Auditor(core, self.audit, self.metrics, self.integrity)
         self._token = token.encode()
         self._state_file = state_file
         self._tick_s = tick_s
@@ -133,6 +143,7 @@ class LighthouseServer:
     async def _stop_ticker(self, _app: web.Application) -> None:
         if self._ticker:
             self._ticker.cancel()
+        self.audit.close()
         for sockets in list(self._watchers.values()):
             for _inc, ws in list(sockets):
                 await ws.close()
@@ -164,17 +175,21 @@ class LighthouseServer:
                 given = header[7:].encode() if header.startswith("Bearer ") else b""
                 if not hmac.compare_digest(given, self._token):
                     why = "wrong bearer token" if given else "missing 'Authorization: Bearer <token>' header"
-                    return refuse(401, f"{why}: use the job's token")
+                    return self._refuse(request, 401, f"{why}: use the job's token")
             return await handler(request)
         except QuorumError as e:
-            return refuse(e.status, str(e))
+            return self._refuse(request, e.status, str(e))
         except web.HTTPException as e:  # aiohttp's own refusals (404, 405, 413): the contract's JSON too
             if e.status < 400:
                 raise
-            return refuse(e.status, f"{e.reason}: {request.method} {request.path}")
+            return self._refuse(request, e.status, f"{e.reason}: {request.method} {request.path}")
         finally:
             if path != contract.PATH_WATCH:
                 self.metrics.request_seconds.labels(path).observe(time.perf_counter() - start)
+
+    def _refuse(self, request: web.Request, status: int, message: str) -> web.Response:
+        self.auditor.refused(request, status, message, self._clock())
+        return refuse(status, message)
 
     # --- state transitions ---------------------------------------------------------------------------------------
     def _advance(self) -> None:
@@ -183,7 +198,9 @@ class LighthouseServer:
         self.core.sweep(now)
         formed = self.core.poll(now)
         if formed is not None:
-            self._issue(formed)
+            self._issue(formed, now)
+        self.auditor.drops(LIGHTHOUSE, now)
+        self.audit.flush(now)
         for group, reason in self.core.dropped_events:
             self.metrics.evictions.labels(reason.split(":")[0]).inc()
             waiter = self._waiters.get(group)
@@ -195,13 +212,14 @@ class LighthouseServer:
                 status = 410 if reason.startswith(("evicted", "handed_over")) else 409  # banned: never again
                 waiter[1].set_exception(QuorumError(status, f"group {group!r} was dropped ({reason}); ask again"))
         self.core.dropped_events.clear()
+        self.auditor.drained()
         self.metrics.live_groups.set(len(self.core.members))
         if self.core.abort_below != self._pushed_abort:
             self._pushed_abort = self.core.abort_below
             self._push(AbortSignal(quorum_id=self.core.quorum_id, abort_below=self.core.abort_below))
         self._persist()
 
-    def _issue(self, formed: Formed) -> None:
+    def _issue(self, formed: Formed, now: float) -> None:
         self._formations += 1
         self.metrics.quorums.inc()
         self.metrics.quorum_size.set(len(formed.groups))
@@ -216,6 +234,12 @@ class LighthouseServer:
             waiter = self._waiters.pop(group, None)
             if waiter and not waiter[1].done():
                 waiter[1].set_result(body)
+        found = self.integrity.quorum_formed(formed.quorum_id, formed.max_step, formed.groups, now, self._incarnation)
+        self.auditor.enforce(found, LIGHTHOUSE, LIGHTHOUSE, now)  # digests compared: may evict a divergent member
+
+    def _incarnation(self, group: str) -> str | None:
+        member = self.core.members.get(group)
+        return member.incarnation if member is not None else None
 
     def _persist(self) -> None:
         state = PersistedState(quorum_id=self.core.quorum_id, committed_step=self.core.committed_step)
@@ -240,8 +264,16 @@ class LighthouseServer:
     # --- handlers ------------------------------------------------------------------------------------------------
     async def _quorum(self, request: web.Request) -> web.Response:
         req = await parse(request, QuorumRequest)
-        group, incarnation = req.group, req.incarnation
-        self.core.request(req, self._clock())  # raises 410 for an evicted incarnation, before any change
+        group, incarnation, now, actor = req.group, req.incarnation, self._clock(), actor_of(request)
+        self.integrity.validate(req)  # 400 for a verdict or digest no honest group sends, before any change
+        try:  # 403/410 (an id outside the job's, an evicted incarnation) before any change
+            self.auditor.touch(group, incarnation, actor, "quorum request", now, lambda: self.core.request(req, now))
+        except QuorumError as e:
+            raise QuorumError(410, f"{e} ({self._last_drop(group)})") if e.status == 410 else e from None
+        self.auditor.enforce(self.integrity.report(req, now, self._incarnation), actor, peer_of(request), now)
+        if self._incarnation(group) != incarnation:  # the integrity checks just evicted the asker itself
+            self._advance()
+            raise QuorumError(410, f"group {group!r} incarnation {incarnation!r} was {self._last_drop(group)}")
         if req.heal_seconds is not None:
             self.metrics.heal_seconds.observe(req.heal_seconds)
         old = self._waiters.pop(group, None)
@@ -263,6 +295,11 @@ class LighthouseServer:
             answer = answer.model_copy(update={"members": self._members()})
         return reply(answer, exclude_none=True)  # no members list unless asked for
 
+    def _last_drop(self, group: str) -> str:
+        """Why the group was last dropped (for a 410: an evicted process learns why before it exits)."""
+        reasons = [e.reason for e in self.core.history if e.event == "dropped" and e.group == group]
+        return reasons[-1] if reasons else "dropped"
+
     def _forget(self, group: str, incarnation: str, fut: asyncio.Future[QuorumResponse]) -> None:
         if self._waiters.get(group, (None, None))[1] is fut:
             del self._waiters[group]
@@ -271,22 +308,38 @@ class LighthouseServer:
     async def _heartbeat(self, request: web.Request) -> web.Response:
         beat = await parse(request, HeartbeatRequest)
         if beat.rank == 0:
-            self.core.heartbeat(
-                beat.group, beat.incarnation, beat.step, self._clock(), finished=beat.finished, digest=beat.param_digest
-            )
+            frame = WatchHeartbeat(step=beat.step, finished=beat.finished, param_digest=beat.param_digest)
+            self._beat(beat.group, beat.incarnation, actor_of(request), "heartbeat", frame)
         return reply(HeartbeatResponse(ok=True, quorum_id=self.core.quorum_id, abort_below=self.core.abort_below))
+
+    def _beat(self, group: str, incarnation: str, actor: str, how: str, beat: WatchHeartbeat) -> None:
+        """Rank 0's heartbeat (403/410 before any change), audited: a new incarnation joins, a group finishes."""
+        now = self._clock()
+
+        def call() -> None:
+            self.core.heartbeat(group, incarnation, beat.step, now, finished=beat.finished, digest=beat.param_digest)
+
+        self.auditor.touch(group, incarnation, actor, how, now, call)
 
     async def _evict(self, request: web.Request) -> web.Response:
         req = await parse(request, EvictRequest)
         for group in req.groups:
             self.core.check_group(group)
-        evicted = self.core.evict(req.groups, req.reason, self._clock())
+        now, actor = self._clock(), actor_of(request)
+        evicted = self.core.evict(req.groups, req.reason, now)
+        self.auditor.drops(actor, now)
+        for group in dict.fromkeys(g for g in req.groups if g not in evicted):
+            self.audit.record(now, "evict", actor, req.reason, "not a member: its last incarnation is banned", group)
         self._advance()  # aborts the quorum in flight now and lets the survivors' pending quorum form
         return reply(EvictResponse(evicted=evicted, abort_below=self.core.abort_below))
 
     async def _handover(self, request: web.Request) -> web.Response:
         req = await parse(request, HandoverRequest)
-        marked = self.core.handover(req.groups, req.reason, self._clock())  # 403/404 before any change
+        now = self._clock()
+        marked = self.core.handover(req.groups, req.reason, now)  # 403/404 before any change
+        for group in marked:
+            outcome = "marked for a handover: its next incarnation replaces this one without an abort"
+            self.audit.record(now, "leave", actor_of(request), f"handover: {req.reason}", outcome, group)
         self._advance()
         return reply(HandoverResponse(handing_over=marked, expires_in_s=self.core.handover_timeout_s))
 
@@ -301,7 +354,8 @@ class LighthouseServer:
         return reply(DesiredResponse(replicas=req.replicas, groups=self.core.group_limit))
 
     async def _status(self, _request: web.Request) -> web.Response:
-        return reply(self.core.status(self._clock()))
+        status = self.core.status(self._clock())
+        return reply(status.model_copy(update={"integrity": self.integrity.status(), "audit": self.audit.ring()}))
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
@@ -315,8 +369,10 @@ class LighthouseServer:
         except ValidationError as e:
             raise BadRequest(describe(e)) from None
         group, incarnation, rank = query.group, query.incarnation, query.rank
-        if rank == 0:
-            self.core.heartbeat(group, incarnation, 0, self._clock())  # 410 if evicted, before the upgrade
+        name_sender(request, group, incarnation)
+        actor = actor_of(request)
+        if rank == 0:  # 403/410 (an id outside the job's, an evicted incarnation) before the upgrade
+            self._beat(group, incarnation, actor, "watch socket", WatchHeartbeat(step=0))
         ws = web.WebSocketResponse(heartbeat=None)
         await ws.prepare(request)
         entry = (incarnation, ws)
@@ -329,12 +385,12 @@ class LighthouseServer:
                     continue
                 try:
                     beat = WatchHeartbeat.model_validate_json(msg.data)
-                    self.core.heartbeat(
-                        group, incarnation, beat.step, self._clock(), finished=beat.finished, digest=beat.param_digest
-                    )
+                    self._beat(group, incarnation, actor, "watch heartbeat", beat)
                 except QuorumError as e:
+                    self._refuse(request, e.status, f"watch socket closed with {4000 + e.status}: {e}")
                     await ws.close(code=4000 + e.status, message=str(e)[:120].encode())
                 except ValidationError as e:  # a client bug: say why and hang up (it reconnects with fixed beats)
+                    self._refuse(request, 400, f"watch socket closed with 4400: {describe(e)}")
                     await ws.close(code=4400, message=describe(e)[:120].encode())
         finally:
             self._watchers.get(group, set()).discard(entry)
