@@ -6,10 +6,11 @@ Measured, all in this run:
   * survivors' stall per SIGKILL of the victim at random points (>= --kills), each followed by a restart + rejoin;
   * survivors' stall after a silent cut-off (SIGSTOP) with the evict call, and without it (heartbeat timeout);
   * rejoin time (restarted process ready -> first committed step) and the survivors' stall while it rejoins;
-  * recovery throughput / raw loopback TCP throughput (same machine, same run).
+  * recovery throughput over plain HTTP and over TLS (the job's certificates, verified), in interleaved rounds on the
+    same snapshot, each vs raw loopback TCP throughput (same machine, same run).
 Stall = the longest gap between two consecutive commits of a survivor around the event, minus its median step gap.
 
-    python hack/bench/bench_failover.py [--kills 10] [--state-mb 256]
+    python hack/bench/bench_failover.py [--kills 10] [--state-mb 256] [--recovery-only]
 """
 
 from __future__ import annotations
@@ -143,30 +144,48 @@ def bench_silent_cut(run: Run, evict: bool, rounds: int) -> list[float]:
     return stalls
 
 
-def bench_recovery_throughput(state_mb: int) -> None:
+def bench_recovery_throughput(state_mb: int, rounds: int = 5) -> None:
     import torch
+    from ftjob.contract import pki
+    from ftjob.contract.tls import TlsConfig, worker_server_name
     from ftjob.ft.recovery import RecoveryServer, fetch_state
 
     n = state_mb * 1024 * 1024 // 4
     state = {"model": {"w": torch.randn(n // 2)}, "optim": {"m": torch.randn(n - n // 2)}}
-    server = RecoveryServer("bench", "127.0.0.1", 0)
-    t0 = time.perf_counter()
-    server.publish(1, state)
-    publish_s = time.perf_counter() - t0
-    fetch_state(server.address, 1, "bench")  # warm-up (also hashes the snapshot once)
-    best = float("inf")
-    for _ in range(3):
+    with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
+        files = pki.write_files(Path(tmp), pki.issue_job("bench", "default", ["localhost"]))
+        name = worker_server_name("bench", "default")
+        server_tls = TlsConfig(str(files[pki.CA_CERT]), str(files[pki.WORKER_CERT]), str(files[pki.WORKER_KEY]), name)
+        client_tls = TlsConfig(str(files[pki.CA_CERT]), worker_name=name)
+        plain = RecoveryServer("bench", "127.0.0.1", 0)
+        servers = {"plain": plain, "tls": RecoveryServer("bench", "127.0.0.1", 0, tls=server_tls)}
+        clients = {"plain": None, "tls": client_tls}
         t0 = time.perf_counter()
-        fetch_state(server.address, 1, "bench", parallel=4)
-        best = min(best, time.perf_counter() - t0)
-    server.close()
+        servers["plain"].publish(1, state)
+        publish_s = time.perf_counter() - t0
+        servers["tls"].publish(1, state)
+        for kind, server in servers.items():  # warm-up (also hashes each snapshot once)
+            fetch_state(server.address, 1, "bench", tls=clients[kind])
+        seconds: dict[str, list[float]] = {"plain": [], "tls": []}
+        for r in range(rounds):  # interleaved, alternating which goes first: drifts in machine load hit both
+            for kind in ("plain", "tls") if r % 2 == 0 else ("tls", "plain"):
+                t0 = time.perf_counter()
+                fetch_state(servers[kind].address, 1, "bench", parallel=4, tls=clients[kind])
+                seconds[kind].append(time.perf_counter() - t0)
+        for server in servers.values():
+            server.close()
     nbytes = n * 4
     raw = raw_tcp_seconds(nbytes)
     print(f"recovery: {nbytes / 2**20:.0f} MiB snapshot copied in {publish_s:.3f}s at the step boundary")
-    print(
-        f"recovery fetch {nbytes / best / 2**20:.0f} MiB/s vs raw loopback TCP {nbytes / raw / 2**20:.0f} MiB/s "
-        f"-> ratio {raw / best:.2f}"
-    )
+    mib_s = {kind: nbytes / statistics.median(s) / 2**20 for kind, s in seconds.items()}
+    for kind in ("plain", "tls"):
+        best = nbytes / min(seconds[kind]) / 2**20
+        print(
+            f"recovery fetch over {'TLS' if kind == 'tls' else 'plain HTTP'}: median {mib_s[kind]:.0f} MiB/s "
+            f"(best {best:.0f}) over {rounds} rounds, {nbytes / 2**20:.0f} MiB, 4 parallel connections; raw loopback "
+            f"TCP {nbytes / raw / 2**20:.0f} MiB/s -> ratio {mib_s[kind] / (nbytes / raw / 2**20):.2f}"
+        )
+    print(f"recovery TLS / plain throughput: {mib_s['tls'] / mib_s['plain']:.2f}")
 
 
 def raw_tcp_seconds(nbytes: int) -> float:
@@ -208,9 +227,12 @@ def main() -> int:
     p.add_argument("--heartbeat-timeout", type=float, default=2.0)
     p.add_argument("--state-mb", type=int, default=256)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--recovery-only", action="store_true", help="only the recovery throughput figures")
     args = p.parse_args()
     rng = random.Random(args.seed)
     bench_recovery_throughput(args.state_mb)
+    if args.recovery_only:
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         run = Run(Path(tmp), args.heartbeat_timeout)
         try:

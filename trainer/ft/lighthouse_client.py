@@ -9,6 +9,10 @@ timeout: the watch socket pings it every LINK_PING_S, and when the socket drops 
 and retried on fresh connections (DNS looked up again: a new lighthouse pod has a new IP). While the lighthouse is
 unreachable, a quorum request keeps retrying for up to ``lost_timeout_s`` (long compared with a restart); once it
 answers again, the wait for the quorum itself starts afresh. The caller's state is never touched meanwhile.
+
+With a TlsConfig (FTJOB_TLS_CA_FILE set) the lighthouse URL must be https:// and its certificate is verified against
+the job's CA only; a certificate that fails, or a lighthouse that does not speak TLS, is a configuration error that
+no retry repairs: LighthouseTlsError at once.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ftjob.contract.lighthouse_api import (
     StatusResponse,
     WatchHeartbeat,
 )
+from ftjob.contract.tls import TlsConfig
 from pydantic import ValidationError
 
 log = logging.getLogger("ftjob.lighthouse_client")
@@ -60,6 +65,14 @@ class LighthouseError(RuntimeError):
         self.status = status
 
 
+class LighthouseTlsError(LighthouseError):
+    """TLS with the lighthouse failed (its certificate is not the job's, or it speaks plain HTTP): never retried."""
+
+    def __init__(self, message: str) -> None:
+        RuntimeError.__init__(self, message)
+        self.status = 0
+
+
 class EvictedError(LighthouseError):
     """This process's incarnation was evicted: it must exit (a restarted process gets a new incarnation)."""
 
@@ -79,8 +92,15 @@ class LighthouseClient:
         on_abort: Callable[[int], None] | None = None,
         lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S,
         on_reconnect: Callable[[], None] | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        if tls is not None and not self.url.startswith("https://"):
+            raise ValueError(
+                f"the lighthouse URL {url!r} is not https:// but {contract.ENV_TLS_CA_FILE} is set: the job's "
+                f"lighthouse serves TLS only (set {contract.ENV_LIGHTHOUSE_URL} to its https:// URL)"
+            )
+        self._tls = tls
         self.group = group
         self.incarnation = incarnation
         self.rank = rank
@@ -112,7 +132,9 @@ class LighthouseClient:
 
     def _new_session(self) -> aiohttp.ClientSession:
         # No DNS cache: the lighthouse's name follows its pod, and a replacement pod has another IP.
-        connector = aiohttp.TCPConnector(limit=8, use_dns_cache=False)
+        # ssl=True (an https:// URL without a TlsConfig): the system's trust store, which never holds a job's CA
+        verify = self._tls.client_context if self._tls is not None else True
+        connector = aiohttp.TCPConnector(limit=8, use_dns_cache=False, ssl=verify)
         timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)
         return aiohttp.ClientSession(headers=self._headers, connector=connector, timeout=timeout)
 
@@ -183,14 +205,24 @@ class LighthouseClient:
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)  # replaces the session's
         data = body.model_dump_json(exclude_none=True)
         headers = {"Content-Type": "application/json"}
-        async with self._session.post(self.url + path, data=data, headers=headers, timeout=timeout) as resp:
-            return await self._decode(resp, answer)
+        try:
+            async with self._session.post(self.url + path, data=data, headers=headers, timeout=timeout) as resp:
+                return await self._decode(resp, answer)
+        except aiohttp.ClientSSLError as e:
+            raise self._tls_error(e) from None
 
     async def _get(self, path: str, answer: type[A], timeout_s: float) -> A:
         assert self._session is not None
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
-        async with self._session.get(self.url + path, timeout=timeout) as resp:
-            return await self._decode(resp, answer)
+        try:
+            async with self._session.get(self.url + path, timeout=timeout) as resp:
+                return await self._decode(resp, answer)
+        except aiohttp.ClientSSLError as e:
+            raise self._tls_error(e) from None
+
+    def _tls_error(self, e: aiohttp.ClientSSLError) -> LighthouseTlsError:
+        trust = f"the job's CA ({self._tls.ca_file})" if self._tls and self._tls.ca_file else "the system trust store"
+        return LighthouseTlsError(f"TLS with the lighthouse {self.url} failed, verifying against {trust}: {e}")
 
     async def _post_retrying(self, path: str, body: Request, answer: type[A], timeout_s: float) -> A:
         deadline = time.monotonic() + timeout_s

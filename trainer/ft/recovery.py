@@ -4,7 +4,9 @@ healing rank uses to copy it.
 Serving never stalls training: ``publish`` makes one copy at the step boundary (recovery_codec.pack) and the server
 threads hash and send that copy while the training thread goes on. The wire carries JSON metadata and raw bytes only
 (never pickle), split into chunks that are sha256-checked on arrival, fetched in parallel over keep-alive
-connections, and fetched again when a checksum does not match.
+connections, and fetched again when a checksum does not match. With a TlsConfig (the job's FTJOB_TLS_* files) the
+server speaks only TLS and the fetcher verifies the peer's certificate against the job's CA and the job's worker
+name (ftjob.contract.tls); without one both speak plain HTTP (local development).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import hashlib
 import hmac
 import http.client
 import logging
+import socket
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +28,14 @@ import torch
 from ftjob import contract
 from ftjob.contract.lighthouse_api import ErrorResponse
 from ftjob.contract.recovery_api import Chunk, RecoveryManifest
+from ftjob.contract.tls import NamedHTTPSConnection, TlsConfig
 from ftjob.ft.process_group import split_address
 from ftjob.ft.recovery_codec import Packed, pack, unpack
 from pydantic import ValidationError
 
 log = logging.getLogger("ftjob.recovery")
 CHUNK_BYTES = 4 * 1024 * 1024
+HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class RecoveryError(RuntimeError):
@@ -64,10 +70,49 @@ class _Snapshot:
             return self.manifest
 
 
-class RecoveryServer:
-    """Serves this rank's latest published snapshot: GET {PATH_RECOVERY}/{step}/manifest and .../chunk/{i}."""
+class _HTTPServer(ThreadingHTTPServer):
+    """With a TLS context, every connection's handshake runs on its own handler thread, never on the accept loop (a
+    client that connects and stays silent must not stall the others); a failed handshake just closes it: a
+    plain-HTTP request gets no answer."""
 
-    def __init__(self, token: str, advertise_addr: str, port: int = 0, chunk_bytes: int = CHUNK_BYTES) -> None:
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None):
+        self.tls = tls
+        super().__init__(address, handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.tls is None:
+            return super().finish_request(request, client_address)
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)  # takes over the socket (closed on failure)
+        except (ssl.SSLError, OSError) as e:
+            log.debug("recovery: TLS handshake with %s failed: %s", client_address, e)
+            return
+        try:
+            conn.settimeout(None)
+            super().finish_request(conn, client_address)
+        finally:
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            conn.close()
+
+
+class RecoveryServer:
+    """Serves this rank's latest published snapshot: GET {PATH_RECOVERY}/{step}/manifest and .../chunk/{i}; over TLS
+    only when ``tls`` is given."""
+
+    def __init__(
+        self,
+        token: str,
+        advertise_addr: str,
+        port: int = 0,
+        chunk_bytes: int = CHUNK_BYTES,
+        tls: TlsConfig | None = None,
+    ) -> None:
         self._token = token.encode()
         self._chunk_bytes = chunk_bytes
         self._snap: _Snapshot | None = None
@@ -86,8 +131,7 @@ class RecoveryServer:
             def do_GET(self) -> None:
                 server._handle(self)
 
-        self._http = ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        self._http.daemon_threads = True
+        self._http = _HTTPServer(("0.0.0.0", port), Handler, tls.server_context if tls else None)
         self.address = f"{advertise_addr}:{self._http.server_address[1]}"
         self._thread = threading.Thread(target=self._http.serve_forever, name="recovery-server", daemon=True)
         self._thread.start()
@@ -169,17 +213,25 @@ class FetchStats:
 
 
 class _Fetcher:
-    def __init__(self, address: str, token: str, timeout_s: float) -> None:
+    def __init__(self, address: str, token: str, timeout_s: float, tls: TlsConfig | None) -> None:
         self.host, self.port = split_address(address)
         self.headers = {"Authorization": f"Bearer {token}"}
         self.timeout_s = timeout_s
+        self.tls = tls
         self.local = threading.local()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self.tls is None:
+            return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        # by pod IP: the certificate must carry the job's worker name and be signed by the job's CA
+        return NamedHTTPSConnection(self.host, self.port, context=self.tls.client_context,
+                                    server_name=self.tls.worker_name, timeout=self.timeout_s)  # fmt: skip
 
     def get(self, path: str, into: memoryview | None = None) -> bytes | int:
         """GET ``path``; streams the body into ``into`` when given (returns its length), else returns the body."""
         conn = getattr(self.local, "conn", None)
         if conn is None:
-            conn = self.local.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+            conn = self.local.conn = self._connect()
         try:
             conn.request("GET", path, headers=self.headers)
             resp = conn.getresponse()
@@ -203,6 +255,14 @@ class _Fetcher:
                     raise RecoveryError(f"peer closed the connection after {got} of {length} bytes of {path}")
                 got += n
             return got
+        except ssl.SSLCertVerificationError as e:
+            conn.close()
+            self.local.conn = None
+            raise RecoveryError(
+                f"peer {self.host}:{self.port} is not a recovery server of this job: its certificate failed "
+                f"verification ({e.verify_message}; expected {self.tls.worker_name if self.tls else '?'} signed by "
+                f"the CA in {(self.tls.ca_file if self.tls else None) or 'the system trust store'})"
+            ) from e
         except (OSError, http.client.HTTPException) as e:
             conn.close()
             self.local.conn = None
@@ -218,11 +278,13 @@ def fetch_state(
     parallel: int = 4,
     timeout_s: float = 60.0,
     max_attempts: int = 3,
+    tls: TlsConfig | None = None,
 ) -> tuple[Any, FetchStats]:
-    """Copies the snapshot of ``step`` from the recovery server at ``address``; raises RecoveryError if any chunk
-    stays corrupt after ``max_attempts`` or the peer is gone. Returns (state, stats)."""
+    """Copies the snapshot of ``step`` from the recovery server at ``address`` (over TLS, verified, with ``tls``);
+    raises RecoveryError if any chunk stays corrupt after ``max_attempts``, the peer is gone or is not the job's.
+    Returns (state, stats)."""
     start = time.monotonic()
-    fetcher = _Fetcher(address, token, timeout_s + 10.0)  # the socket outlives the server's own wait
+    fetcher = _Fetcher(address, token, timeout_s + 10.0, tls)  # the socket outlives the server's own wait
     base = f"{contract.PATH_RECOVERY}/{step}"
     try:
         manifest = RecoveryManifest.model_validate_json(fetcher.get(f"{base}/manifest?wait={timeout_s}"))

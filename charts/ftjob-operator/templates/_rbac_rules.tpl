@@ -19,7 +19,8 @@
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create", "delete"]
-# The per-job lighthouse token: created once, read back by name. No list/watch: no other Secret is visible.
+# The per-job lighthouse token and TLS Secret (CA + certificates): created once, read back by name. No list/watch: no
+# other Secret is visible.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create", "get"]
