@@ -12,9 +12,13 @@ process group; see torchft_runner.py) and ours ÷ torchft and torchft ÷ DDP are
 ``--metrics`` says whether ours records its Prometheus metrics (ftjob.ft.metrics; ``on``, as shipped) or not (``off``:
 FTJOB_METRICS_DISABLED=1); ``both`` runs ours both ways in every round (on, off, DDP, ...) and prints the ratio of
 medians on ÷ off: the metrics hooks' cost on the step time (no scrapes: each rank's server idles unless scraped).
+``--guard`` does the same for the gradient guard (ftjob.ft.guard; ``on`` as shipped, ``off``: FTJOB_GRADIENT_GUARD=0):
+``both`` runs ours both ways in every round and prints the guard's cost on ÷ off. Every run also times one state digest
+(ftjob.ft.integrity: the model's parameters and AdamW state, sha256) of the same model in this process, and prints it
+as a share of the step time at the default interval (every 100 committed steps).
 
   $(hack/lib/python-env.sh)/bin/python hack/bench/bench_trainer.py [--steps 40] [--rounds 3] [--model small]
-      [--metrics on|off|both]
+      [--metrics on|off|both] [--guard on|off|both]
 """
 
 from __future__ import annotations
@@ -27,10 +31,13 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ddp_baseline import run_ddp
 from ftjob import cli, contract
+from ftjob.ft.digest import local_digest, replica_tensors
+from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY
 from ftjob.ft.records import CommitRecord, read_run_dir
 from ftjob.gpt.config import TrainConfig
 
@@ -44,13 +51,13 @@ def median_gap(times: list[float], warmup: int) -> float:
     return statistics.median(b - a for a, b in itertools.pairwise(ts))
 
 
-def run_ours(work: Path, a: argparse.Namespace, metrics: bool = True) -> float:
+def run_ours(work: Path, a: argparse.Namespace, metrics: bool = True, guard: bool = True) -> float:
     run_dir = work / "run"
     # The launcher passes no FTJOB_* variable of its own environment on, so the switch rides on the command: the
     # reference trainer's command with the launcher's flags, behind `env` for both settings alike.
     trainer = [sys.executable, "-m", "ftjob.gpt", f"--model={a.model}", f"--steps={a.steps}"]
     trainer += [f"--batch-size={a.batch_size}", f"--run-dir={run_dir}", "--log-every=10", "--min-step-seconds=0.0"]
-    switch = f"{contract.ENV_METRICS_DISABLED}={0 if metrics else 1}"
+    switches = [f"{contract.ENV_METRICS_DISABLED}={0 if metrics else 1}", f"{contract.ENV_GUARD}={1 if guard else 0}"]
     rc = cli.main(
         [
             "launch",
@@ -61,7 +68,7 @@ def run_ours(work: Path, a: argparse.Namespace, metrics: bool = True) -> float:
             f"--report={work / 'report.json'}",
             "--",
             "env",
-            switch,
+            *switches,
             *trainer,
         ]
     )
@@ -72,11 +79,33 @@ def run_ours(work: Path, a: argparse.Namespace, metrics: bool = True) -> float:
     commits = [r for recs in records.values() for r in recs if isinstance(r, CommitRecord) and r.step > a.warmup]
     split = {k: statistics.median((r.phases or {})[k] for r in commits) * 1e3 for k in commits[0].phases or {}}
     print(
-        f"[bench] ftjob (metrics {'on' if metrics else 'off'}) step phases (median ms): "
-        + ", ".join(f"{k} {v:.1f}" for k, v in split.items()),
+        f"[bench] ftjob (metrics {'on' if metrics else 'off'}, guard {'on' if guard else 'off'}) step phases "
+        "(median ms): " + ", ".join(f"{k} {v:.1f}" for k, v in split.items()),
         flush=True,
     )
     return statistics.median(per_group)
+
+
+def digest_seconds(a: argparse.Namespace, repeats: int = 5) -> float:
+    """One state digest of the bench model after an AdamW step (what every group hashes every N steps): the median
+    of ``repeats``, in this process, one thread (as a rank runs)."""
+    import torch
+    from ftjob.gpt.model import build_model
+    from ftjob.gpt.train import make_optimizer
+
+    torch.set_num_threads(1)
+    cfg = TrainConfig(model=a.model)
+    model = build_model(cfg.model, cfg.seed)
+    optimizer = make_optimizer(model, cfg)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()  # AdamW's state exists from here on
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        local_digest(replica_tensors(model, optimizer))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def run_plain_ddp(work: Path, a: argparse.Namespace) -> float:
@@ -107,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--metrics", choices=("on", "off", "both"), default="on", help="ours with metrics on/off/both")
+    p.add_argument(
+        "--guard", choices=("on", "off", "both"), default="on", help="ours with the gradient guard on/off/both"
+    )
     p.add_argument("--json", type=Path, help="also write the figures here")
     a = p.parse_args(argv)
     # Every side's workers start with one OpenMP thread, as our launcher starts its ranks: the DDP ranks set it
@@ -116,11 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     ddp: list[float] = []
     tft: list[float] = []
     ours_off: list[float] = []  # --metrics both: ours without metrics, in the same rounds
+    guard_off: list[float] = []  # --guard both: ours without the gradient guard, in the same rounds
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         for i in range(a.rounds):
-            ours.append(run_ours(Path(tmp) / f"ours-{i}", a, metrics=a.metrics != "off"))
+            ours.append(run_ours(Path(tmp) / f"ours-{i}", a, metrics=a.metrics != "off", guard=a.guard != "off"))
             if a.metrics == "both":
-                ours_off.append(run_ours(Path(tmp) / f"ours-off-{i}", a, metrics=False))
+                ours_off.append(run_ours(Path(tmp) / f"ours-off-{i}", a, metrics=False, guard=a.guard != "off"))
+            if a.guard == "both":
+                guard_off.append(run_ours(Path(tmp) / f"ours-noguard-{i}", a, metrics=a.metrics != "off", guard=False))
             ddp.append(run_plain_ddp(Path(tmp) / f"ddp-{i}", a))
             line = (
                 f"[bench] round {i + 1}/{a.rounds}: ftjob {ours[-1] * 1e3:.1f} ms/step, DDP {ddp[-1] * 1e3:.1f} "
@@ -134,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
             if ours_off:
                 line += f"; metrics on ÷ off {ours[-1] / ours_off[-1]:.3f} (off {ours_off[-1] * 1e3:.1f} ms/step)"
+            if guard_off:
+                line += f"; guard on ÷ off {ours[-1] / guard_off[-1]:.3f} (off {guard_off[-1] * 1e3:.1f} ms/step)"
             print(line, flush=True)
+    digest_s = digest_seconds(a)
+    digest_share = digest_s / DEFAULT_DIGEST_EVERY / statistics.median(ours)
     ratio = statistics.median(ours) / statistics.median(ddp)
     figures = {
         "model": a.model,
@@ -150,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         "metrics": a.metrics,
         "ftjob_metrics_off_step_s": ours_off or None,  # None: not measured (--metrics on|off)
         "ratio_metrics_on_over_off": statistics.median(ours) / statistics.median(ours_off) if ours_off else None,
+        "guard": a.guard,
+        "ftjob_guard_off_step_s": guard_off or None,  # None: not measured (--guard on|off)
+        "ratio_guard_on_over_off": statistics.median(ours) / statistics.median(guard_off) if guard_off else None,
+        "digest_s": digest_s,
+        "digest_share_of_step_time": digest_share,  # at the default interval, DEFAULT_DIGEST_EVERY steps
     }
     print(f"[bench] ftjob ÷ DDP step time: {ratio:.3f} (target <= 1.03; medians of {a.rounds} interleaved rounds)")
     if tft:
@@ -164,6 +208,16 @@ def main(argv: list[str] | None = None) -> int:
             f"[bench] metrics on ÷ off step time: {figures['ratio_metrics_on_over_off']:.3f} (medians of {a.rounds} "
             "interleaved rounds)"
         )
+    if guard_off:
+        print(
+            f"[bench] gradient guard on ÷ off step time: {figures['ratio_guard_on_over_off']:.3f} (medians of "
+            f"{a.rounds} interleaved rounds)"
+        )
+    print(
+        f"[bench] one state digest of the {a.model} model + AdamW state: {digest_s * 1e3:.1f} ms = "
+        f"{digest_s / statistics.median(ours):.2f} steps; every {DEFAULT_DIGEST_EVERY} steps: "
+        f"{digest_share * 100:.3f}% of the step time"
+    )
     if a.json:
         a.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

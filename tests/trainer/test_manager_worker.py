@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from ftjob.contract.lighthouse_api import StatusResponse
 from ftjob.ft.digest import local_digest as param_digest
+from ftjob.ft.digest import replica_tensors
 from ftjob.ft.manager import Manager, ManagerConfig
 
 
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rank", type=int, default=0, help="rank inside the group (HSDP: the model is FSDP2-sharded)")
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--master-port", type=int, default=0, help="the group's own rendezvous port (world size > 1)")
+    p.add_argument("--digest-every", type=int, default=0, help="state digests every N committed steps (0: none)")
     args = p.parse_args(argv)
 
     torch.manual_seed(0)
@@ -89,11 +91,12 @@ def main(argv: list[str]) -> int:
         collective_timeout_s=args.collective_timeout,
         quorum_timeout_s=args.quorum_timeout,
         lost_timeout_s=args.lost_timeout,
+        digest_every=args.digest_every,
     )
     if args.join_file:  # lets a test start a replacement process ahead and pick the moment it registers
         emit(event="started", group=args.group)
         _wait(lambda: os.path.exists(args.join_file), 600, f"{args.join_file} to exist")
-    mgr = Manager(cfg, state_dict, load_state_dict)
+    mgr = Manager(cfg, state_dict, load_state_dict, replica_state=lambda: replica_tensors(model, opt))
     mgr.register_params(model.parameters())  # buckets all-reduced during the backward (one rank per group)
     emit(event="ready", group=args.group, pid=os.getpid())
     while mgr.step < args.steps:
@@ -128,6 +131,7 @@ def main(argv: list[str]) -> int:
             seconds=round(time.monotonic() - started, 4),
             time=time.time(),
             error=None if committed else mgr.last_error,
+            digest=param_digest(model.parameters()),  # after this attempt (a failed one must change nothing)
         )
         if args.step_delay:
             time.sleep(args.step_delay)
@@ -216,11 +220,13 @@ class Lighthouse:
 class Worker:
     """One replica group (one rank) running this file's training loop."""
 
-    def __init__(self, workdir: Path, lighthouse_url: str, group: str, *args: str) -> None:
+    def __init__(
+        self, workdir: Path, lighthouse_url: str, group: str, *args: str, env: dict[str, str] | None = None
+    ) -> None:
         self.group = group
         self.log = workdir / f"worker-{group}-{time.monotonic_ns()}.log"
         cmd = [sys.executable, str(WORKER), "--group", group, "--lighthouse", lighthouse_url, *args]
-        env = {**os.environ, "FTJOB_TOKEN": TOKEN}
+        env = {**os.environ, "FTJOB_TOKEN": TOKEN, **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:

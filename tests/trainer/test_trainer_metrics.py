@@ -210,7 +210,8 @@ def test_chart_podmonitor_selects_job_pods_in_every_namespace():
     assert expr["key"] == contract.LABEL_ROLE and expr["operator"] == "In"
     assert set(expr["values"]) == {contract.ROLE_WORKER, contract.ROLE_LIGHTHOUSE}
     assert spec["podTargetLabels"] == [contract.LABEL_JOB, contract.LABEL_GROUP, contract.LABEL_RANK]
-    assert [(e["port"], e["path"]) for e in spec["podMetricsEndpoints"]] == [
-        ("metrics", "/metrics"),
-        ("http", "/metrics"),
+    assert [(e["port"], e["path"], e.get("scheme", "http")) for e in spec["podMetricsEndpoints"]] == [
+        ("metrics", "/metrics", "http"),
+        ("http", "/metrics", "http"),  # a lighthouse with spec.tls.enabled=false
+        ("https", "/metrics", "https"),  # a TLS lighthouse (the default): its port is named https
     ]

@@ -41,5 +41,28 @@ def local_digest(tensors: Iterable[torch.Tensor]) -> str:
     """sha256 over the bytes of the tensors (local shards for DTensors): no collective."""
     h = hashlib.sha256()
     for t in tensors:
-        h.update(local_part(t).detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(local_part(t).detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())  # no extra copy
     return h.hexdigest()
+
+
+def replica_tensors(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """What every replica must hold bitwise equal after a commit: the model's parameters (in its order) and the
+    optimizer's per-parameter state (in its parameter order, keys sorted; non-tensor values as float64 scalars).
+    Not buffers (e.g. BatchNorm statistics follow each group's own data), the data position or user state."""
+    out = [p for p in model.parameters()]
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                state = optimizer.state.get(p, {})
+                for key in sorted(state, key=str):
+                    v = state[key]
+                    if isinstance(v, torch.Tensor):
+                        out.append(v)
+                    elif isinstance(v, (int, float, bool)):
+                        out.append(torch.tensor(float(v), dtype=torch.float64))
+    return out
+
+
+def combine(digests: Iterable[str]) -> str:
+    """One digest for a sharded group from its ranks' digests (in rank order)."""
+    return hashlib.sha256("".join(digests).encode()).hexdigest()

@@ -69,6 +69,7 @@ class BackwardLauncher:
         self.error: Exception | None = None
         self.held = False
         self.weight = 1.0  # multiplies this group's gradients before the sum (uneven shares of the batch)
+        self.prepare: Callable[[torch.Tensor], None] | None = None  # sees each bucket before weighting (the guard)
         self._handles = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)]
 
     @property
@@ -104,6 +105,8 @@ class BackwardLauncher:
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
         flat = flatten(grads)
+        if self.prepare is not None:
+            self.prepare(flat)
         if self.weight != 1.0:
             flat.mul_(self.weight)
         try:

@@ -3,6 +3,11 @@ the backward pass when the parameters are registered (one rank per group), held 
 
 Every group issues the same collectives in the same order (grad_buckets plans the layout from the parameter list
 alone); a group that does not contribute this step (a spare, a failed step) sends zeros so its peers never wait.
+
+The gradient guard (ftjob.ft.guard) rides along: each bucket's norm is taken on the device as the bucket is sent (no
+host sync per bucket), and after the buckets one more all-reduce of a [groups, 3] float64 table, where each group
+fills only its own row (group id, contributing, sum of squares), is started behind them without waiting, so it
+completes with them. Every group then holds every group's numbers and judges alike.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 from ftjob.ft.grad_buckets import BackwardLauncher, flatten, plan_buckets, unflatten_into
+from ftjob.ft.guard import COLUMNS
 from ftjob.ft.process_group import CollectiveError, CrossGroupPG
 from ftjob.ft.recovery_codec import local_part
 
@@ -18,13 +24,19 @@ from ftjob.ft.recovery_codec import local_part
 class GradientSync:
     """Averages gradients in place over a step's contributors (the Manager drives it once per step)."""
 
-    def __init__(self, pg: CrossGroupPG, bucket_bytes: int, overlap: bool) -> None:
+    def __init__(
+        self, pg: CrossGroupPG, bucket_bytes: int, overlap: bool, guard: bool = False, group_id: int = 0
+    ) -> None:
         self._pg = pg
         self._bucket_bytes = bucket_bytes
         self._overlap = overlap  # False for sharded groups: FSDP2 reduces inside the group after the backward
         self._layout: tuple[list[int], list[list[int]]] | None = None  # (param ids, buckets)
         self.launcher: BackwardLauncher | None = None
         self.weight = 1.0  # this step's gradient weight (ftjob.ft.sharding): 1.0 unless shares are uneven
+        self._guard, self._group_id = guard, group_id
+        self._norms: list[torch.Tensor] = []  # this step's bucket norms (float32, on the buckets' device)
+        self.corrupt: Callable[[torch.Tensor], None] | None = None  # this step's injected fault (tests only)
+        self.guard_table: list[list[float]] | None = None  # after allreduce(): every group's row, when guarded
 
     def register(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Lets each bucket's all-reduce start from the backward pass (hooks on ``params``, which must be the list
@@ -33,6 +45,7 @@ class GradientSync:
             return
         params = [p for p in params if p.requires_grad]
         self.launcher = BackwardLauncher(params, self._buckets(params))
+        self.launcher.prepare = self._prepare
 
     def _buckets(self, params: list[torch.nn.Parameter]) -> list[list[int]]:
         ids = [id(p) for p in params]
@@ -40,9 +53,13 @@ class GradientSync:
             self._layout = (ids, plan_buckets(params, self._bucket_bytes))
         return self._layout[1]
 
-    def arm(self, overlap_now: bool) -> None:
-        """At a step's start: overlap this step's all-reduce with its backward pass, or not (alone, failed, spare)."""
+    def arm(self, overlap_now: bool, corrupt: Callable[[torch.Tensor], None] | None = None) -> None:
+        """At a step's start: overlap this step's all-reduce with its backward pass, or not (alone, failed, spare).
+        ``corrupt``: a fault to inject into each bucket this step (tests only)."""
         self.weight = 1.0
+        self.corrupt = corrupt
+        self._norms = []
+        self.guard_table = None
         if self.launcher is None:
             return
         if overlap_now and self._pg.world > 1:
@@ -65,6 +82,25 @@ class GradientSync:
         if self.launcher is not None:
             self.launcher.disarm()
 
+    def _prepare(self, flat: torch.Tensor) -> None:
+        """A bucket about to be sent, before its weight: inject this step's fault, take its norm. Taken before the
+        weight, the norm is the raw gradient's (what dividing the weight back out would give, without dividing by a
+        zero weight), so uneven shares of the batch compare alike."""
+        if self.corrupt is not None:
+            self.corrupt(flat)
+        if self._guard:
+            self._norms.append(torch.linalg.vector_norm(flat, dtype=torch.float32))  # stays on the device: no sync
+
+    def _table(self, contributing: bool, device: torch.device) -> torch.Tensor:
+        """This group's row of the guard's table (zeros when it does not contribute: it is not judged)."""
+        table = torch.zeros(self._pg.world, COLUMNS, dtype=torch.float64, device=device)
+        if contributing:
+            row = table[self._pg.replica_rank]
+            row[0], row[1] = float(self._group_id), 1.0
+            if self._norms:
+                row[2] = torch.stack(self._norms).to(torch.float64).square().sum()
+        return table
+
     def allreduce(
         self,
         params: list[torch.nn.Parameter],
@@ -85,18 +121,25 @@ class GradientSync:
                 p.grad = torch.zeros_like(p)
         grads = [local_part(p.grad) for p in params]
         buckets = self._buckets(params)
-        if contributing and not failed:
+        sending = contributing and not failed
+        if sending:
             flats = [flatten([grads[i] for i in b]) for b in buckets]
-            if self.weight != 1.0:
-                for flat in flats:
+            for flat in flats:
+                self._prepare(flat)
+                if self.weight != 1.0:
                     flat.mul_(self.weight)
         else:
             flats = [torch.zeros(sum(grads[i].numel() for i in b), dtype=grads[b[0]].dtype, device=grads[b[0]].device)
                      for b in buckets]  # fmt: skip
+        table = (
+            self._table(sending, flats[0].device if flats else torch.device(self._pg.device)) if self._guard else None
+        )
         try:
-            self._pg.allreduce_sum(flats, should_abort)
+            self._pg.allreduce_sum(flats if table is None else [*flats, table], should_abort)
         except CollectiveError as e:
             return str(e)
+        if table is not None:
+            self.guard_table = table.tolist()  # the step's one host sync for the guard (its verdict decides the vote)
         if not failed:
             for flat, b in zip(flats, buckets, strict=True):
                 unflatten_into(flat, [grads[i] for i in b], num_contributors)
@@ -113,10 +156,19 @@ class GradientSync:
         if error is not None:
             self._pg.abandon(works)  # some buckets never started: the group is already retired
             return str(error)
+        table = self._table(True, flats[0].device if flats else torch.device(self._pg.device)) if self._guard else None
+        try:
+            if table is not None:  # queued behind the buckets still in flight: it completes with them
+                works = [*works, self._pg.allreduce_start(table)]
+        except CollectiveError as e:
+            self._pg.abandon(works)  # the group was just retired with the buckets in flight
+            return str(e)
         try:
             self._pg.allreduce_wait(works, should_abort)
         except CollectiveError as e:
             return str(e)
+        if table is not None:
+            self.guard_table = table.tolist()
         for flat, b in zip(flats, launcher.buckets, strict=True):
             unflatten_into(flat, [local_part(params[i].grad) for i in b], num_contributors)
         return None

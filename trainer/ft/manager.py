@@ -10,9 +10,11 @@ Step protocol (the lighthouse API is ftjob.contract.lighthouse_api):
   allreduce_gradients()   grads summed across the quorum in flat buckets and divided by the contributors; a spare or
                           healing group sends zeros and receives the average. Failures are recorded, never raised.
                           With register_params() (one rank per group) the buckets' all-reduces already start
-                          during the backward pass; this call then only waits for them.
+                          during the backward pass; this call then only waits for them. The gradient guard
+                          (ftjob.ft.guard) judges every group's gradient: a refused step fails in every group.
   should_commit()         unanimous vote inside the group; the step counter moves only on a commit.
   prefetch_quorum()       optional, after a commit: asks for the next step's quorum while the optimizer steps.
+Every ``digest_every`` steps the group reports a digest of its parameters and optimizer state (ftjob.ft.integrity).
 Failures never block longer than ``collective_timeout_s``, and the lighthouse's abort signal (a member evicted,
 timed out or disconnected) wakes a pending collective at once.
 
@@ -27,20 +29,24 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from ftjob.contract.lighthouse_api import QuorumRequest, QuorumResponse
+from ftjob.contract.tls import TlsConfig
 from ftjob.ft.grad_sync import GradientSync
+from ftjob.ft.guard import DEFAULT_NORM_RATIO, GuardConfig
+from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY, Integrity
 from ftjob.ft.lighthouse_client import EvictedError, LighthouseClient, LighthouseError
 from ftjob.ft.manager_group import InGroup
+from ftjob.ft.manager_types import GroupAnswer as _GroupAnswer
+from ftjob.ft.manager_types import InitialSyncError, QuorumInfo, QuorumUnavailable
 from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
 from ftjob.ft.process_group import CollectiveError, CrossGroupPG
 from ftjob.ft.recovery import RecoveryError, RecoveryServer, fetch_state
 from ftjob.ft.recovery_codec import CodecError
 from ftjob.ft.state_check import StateDictError, check_state_dict
-from pydantic import BaseModel
 
 log = logging.getLogger("ftjob.manager")
 
@@ -66,35 +72,12 @@ class ManagerConfig:
     bucket_bytes: int = 4 * 1024 * 1024  # gradient bucket size: one collective per bucket (the first is 1 MiB)
     recovery_parallelism: int = 4  # concurrent chunk requests while healing
     sync_at_start: bool = True  # at step 0, copy one reference group's state before training (else trust the seed)
-
-
-@dataclass(frozen=True)
-class QuorumInfo:
-    """This rank's view of the step it is about to train."""
-
-    quorum_id: int
-    step: int  # the step this quorum trains (== manager.step after any healing)
-    contributing: bool  # False for a spare or a healing group: it sends zero gradients and is not counted
-    contributor_rank: int  # index among contributing groups (for data sharding); -1 when not contributing
-    num_contributors: int  # gradient divisor / number of data shards this step
-    participants: int  # groups in the quorum (contributing or not)
-    healed: bool  # this call copied state from a peer
-
-
-class QuorumUnavailable(RuntimeError):
-    """No quorum within quorum_timeout_s (lighthouse unreachable or too few groups): the process should exit."""
-
-
-class InitialSyncError(RuntimeError):
-    """Copying the reference group's state at step 0 failed: this group exits (it would train its own weights)."""
-
-
-class _GroupAnswer(BaseModel):
-    """What rank 0 tells the other ranks of its group after asking the lighthouse."""
-
-    quorum: QuorumResponse | None = None
-    error: str | None = None
-    evicted: bool = False
+    # integrity (ftjob.ft.integrity; the same in every group: the guard adds a collective to every step)
+    gradient_guard: bool = True
+    guard_norm_ratio: float = DEFAULT_NORM_RATIO
+    digest_every: int = DEFAULT_DIGEST_EVERY  # committed steps between state digests (needs replica_state; 0: never)
+    # TLS to the lighthouse and between recovery servers: the FTJOB_TLS_* files of the env contract (None: plain HTTP)
+    tls: TlsConfig | None = field(default_factory=TlsConfig.from_environ)
 
 
 class Manager:
@@ -107,8 +90,11 @@ class Manager:
         state_dict: Callable[[], dict[str, Any]],
         load_state_dict: Callable[[dict[str, Any]], None],
         metrics: TrainerMetrics | None = None,
+        replica_state: Callable[[], list[torch.Tensor]] | None = None,
     ) -> None:
-        """``metrics``: where the Prometheus metrics go (default: the process's, served on FTJOB_METRICS_PORT)."""
+        """``metrics``: where the Prometheus metrics go (default: the process's, served on FTJOB_METRICS_PORT).
+        ``replica_state``: the part of the state replicas hold bitwise equal, for the state digests
+        (ftjob.ft.digest.replica_tensors(model, optimizer)); None: no digests."""
         check_state_dict(state_dict(), f"group {cfg.group} rank {cfg.rank}")  # before joining: fail alone
         self.cfg = cfg
         self._state_dict = state_dict
@@ -127,8 +113,12 @@ class Manager:
         self._t_quorum_start = self._t_quorum_end = self._t_reduce_start = self._t_reduce_end = 0.0
         self._group = InGroup(cfg.rank, cfg.world_size)
         self._pg = CrossGroupPG(cfg.rank, cfg.advertise_addr, cfg.store_port, cfg.device, cfg.collective_timeout_s)
-        self._grads = GradientSync(self._pg, cfg.bucket_bytes, overlap=cfg.world_size == 1)
-        self._recovery = RecoveryServer(cfg.token, cfg.advertise_addr, cfg.recovery_port)
+        guard = GuardConfig(cfg.gradient_guard, cfg.guard_norm_ratio)
+        self._integrity = Integrity(
+            cfg.group, self._group, self.trainer_metrics, guard, cfg.digest_every, replica_state
+        )
+        self._grads = GradientSync(self._pg, cfg.bucket_bytes, cfg.world_size == 1, guard.enabled, int(cfg.group))
+        self._recovery = RecoveryServer(cfg.token, cfg.advertise_addr, cfg.recovery_port, tls=cfg.tls)
         endpoints = self._group.all_gather_json([self._recovery.address, self._pg.store_address])
         self._addresses = [e[0] for e in endpoints]
         self._store_addresses = [e[1] for e in endpoints]
@@ -143,6 +133,7 @@ class Manager:
             on_abort=self._on_abort,
             lost_timeout_s=cfg.lost_timeout_s,
             on_reconnect=self.trainer_metrics.lighthouse_reconnected,
+            tls=cfg.tls,
         ).start()
         self._fresh = cfg.sync_at_start  # not yet synced with the job (only matters while step == 0)
         self._quorum_id = -1  # last quorum id seen (reported so a restarted lighthouse keeps ids increasing)
@@ -163,6 +154,10 @@ class Manager:
         """This step's weight of this group's gradients in the average (uneven shares of a fixed global batch:
         ftjob.ft.sharding); call after start_quorum(), before the backward pass."""
         self._grads.set_weight(weight)
+
+    def set_loss_scaling(self, on: bool) -> None:
+        """A loss scaler (GradScaler) skips non-finite steps itself: the gradient guard then judges norms only."""
+        self._integrity.loss_scaling = on
 
     def hold_gradient_sync(self, held: bool) -> None:
         """While held, backward passes only accumulate gradients (no bucket starts): gradient accumulation."""
@@ -191,6 +186,7 @@ class Manager:
             world_size=self.cfg.world_size,
             heal_seconds=self._last_heal_s,
             fresh=self._fresh and self.step == 0,
+            **self._integrity.report_fields(),  # a refused step's verdict, a state digest: each sent once
         )
 
     def prefetch_quorum(self) -> None:
@@ -223,6 +219,7 @@ class Manager:
             self._t_commit = self._t_quorum_start  # the first step's time counts from its quorum request
         self._step_error = None
         self._t_reduce_start = 0.0
+        self._integrity.at_step_boundary(self.step)  # the state committed at self.step: digest (and test faults)
         answer = _GroupAnswer.model_validate(self._group.broadcast_json(self._ask_lighthouse().model_dump(mode="json")))
         if answer.quorum is None:
             if answer.evicted:
@@ -259,7 +256,10 @@ class Manager:
             participants=q.replica_world_size,
             healed=healed,
         )
-        self._grads.arm(q.contributing and self._step_error is None and self._pg.quorum_id == self._inflight)
+        self._grads.arm(
+            q.contributing and self._step_error is None and self._pg.quorum_id == self._inflight,
+            self._integrity.corruption(self.step, q.contributing),
+        )
         state = "contributing" if q.contributing else "healing" if q.heal else "spare"
         self.trainer_metrics.quorum_joined(q.quorum_id, q.replica_world_size, state)
         self._t_quorum_end = time.monotonic()
@@ -289,6 +289,7 @@ class Manager:
                 device=self.cfg.device,
                 parallel=self.cfg.recovery_parallelism,
                 timeout_s=self.cfg.quorum_timeout_s,
+                tls=self.cfg.tls,
             )
             self.metrics["recovery_chunk_retries"] += stats.retries
             self._load_state_dict(state)  # on the caller's (training) thread, at the step boundary
@@ -334,6 +335,8 @@ class Manager:
         if error is not None:
             self.metrics["aborted_collectives"] += 1
             self._fail(error, "collective")
+        elif (refused := self._integrity.judge(self._grads.guard_table)) is not None:
+            self._fail(refused, "guard")  # every group judged the same numbers: no group commits this step
         self._t_reduce_end = time.monotonic()
 
     def should_commit(self) -> bool:
@@ -347,6 +350,7 @@ class Manager:
             )
             ok = False
         ok = self._group.all_true(ok)
+        pooled = self._integrity.after_vote(ok, self._info.quorum_id if self._info else self._quorum_id, self.step)
         if ok:
             self.step += 1
             self._commit_failures = 0
@@ -355,8 +359,9 @@ class Manager:
         else:
             self._commit_failures += 1
             self.metrics["failed_commits"] += 1
-            self.last_error = self._step_error or "another rank of this group could not commit"
-            self.trainer_metrics.commit_failed(self._fail_reason if self._step_error is not None else "peer")
+            self.last_error = pooled or self._step_error or "another rank of this group could not commit"
+            reason = "guard" if pooled else self._fail_reason if self._step_error is not None else "peer"
+            self.trainer_metrics.commit_failed(reason)
         self._client.step = self.step
         self._info = None
         self._inflight = None

@@ -27,7 +27,8 @@ log = logging.getLogger("ftjob.metrics")
 STATES = ("contributing", "spare", "healing")
 PHASES = ("quorum", "compute", "allreduce", "commit")  # what the Manager times itself; loops may add more
 # Why a step did not commit (bounded label values; the free-text reason goes to the log and manager.last_error)
-FAILURE_REASONS = ("collective", "process_group", "heal", "min_replicas", "peer")
+FAILURE_REASONS = ("collective", "process_group", "heal", "min_replicas", "peer", "guard")
+GUARD_KINDS = ("nonfinite", "norm_outlier")  # ftjob.contract.lighthouse_api.GuardKind
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TOKEN_WINDOW_S = 1.0  # tokens/s is the rate over at least this long (one step's rate is too jittery)
@@ -63,11 +64,20 @@ class TrainerMetrics:
         self.lighthouse_reconnects = Counter(
             "ftjob_trainer_lighthouse_reconnects", "Watch re-opened after a lost lighthouse", registry=r
         )
+        self.guard_offences = Counter(
+            "ftjob_trainer_guard_offences",
+            "Groups' gradients the gradient guard refused, as this rank saw them (every group sees every offence)",
+            ["kind"],
+            registry=r,
+        )
+        self.digests = Counter("ftjob_trainer_digests", "State digests computed for the replicas' check", registry=r)
         # Label children resolved once: the per-step hooks then skip the label lookup.
         self._states = {s: self.state.labels(s) for s in STATES}
         self._phases: dict[str, Any] = {p: self.phase_seconds.labels(p) for p in PHASES}
         for reason in FAILURE_REASONS:
             self.commit_failures.labels(reason)  # every reason shows up as 0 before it first happens
+        for kind in GUARD_KINDS:
+            self.guard_offences.labels(kind)
         self._lock = threading.Lock()  # the token window (tokens may come from a data-loading thread)
         self._window_start: float | None = None
         self._window_tokens = 0
@@ -111,6 +121,12 @@ class TrainerMetrics:
 
     def lighthouse_reconnected(self) -> None:
         self.lighthouse_reconnects.inc()
+
+    def guard_offence(self, kind: str) -> None:
+        self.guard_offences.labels(kind).inc()
+
+    def digested(self) -> None:
+        self.digests.inc()
 
     # --- what a training loop adds -------------------------------------------------------------------------------
     def observe_phase(self, phase: str, seconds: float) -> None:
@@ -196,6 +212,12 @@ class DisabledTrainerMetrics(TrainerMetrics):
         pass
 
     def lighthouse_reconnected(self) -> None:
+        pass
+
+    def guard_offence(self, kind: str) -> None:
+        pass
+
+    def digested(self) -> None:
         pass
 
     def observe_phase(self, phase: str, seconds: float) -> None:

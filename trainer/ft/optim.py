@@ -97,6 +97,7 @@ class GradScaler(torch.amp.GradScaler):
         super().__init__(device, **kwargs)
         self._session = session or current_session()
         self._session.register_state("scaler", self)
+        self._session.loss_scaling = self.is_enabled()  # overflows are its business, not the gradient guard's
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         self._session.close_open_step()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from ftjob.ft.digest import model_digest
+from ftjob.ft.digest import model_digest, replica_tensors
 from ftjob.ft.job_checkpoint import JobCheckpoints
 from ftjob.ft.manager import Manager, ManagerConfig, QuorumInfo
 from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
@@ -83,6 +83,7 @@ class Session:
         self._step_started = 0.0
         self._checked_after_first_commit = False
         self._finished = False
+        self.loss_scaling = False  # an enabled ft.GradScaler: it handles non-finite gradients (ftjob.ft.guard)
         self._final_step = 0
         self._checkpoints = JobCheckpoints.from_config(cfg) if cfg.checkpoint_dir else None
         rank0 = cfg.manager.rank == 0
@@ -161,6 +162,12 @@ class Session:
     def _who(self) -> str:
         return f"group {self.cfg.manager.group} rank {self.cfg.manager.rank}"
 
+    def _replica_state(self) -> list[torch.Tensor]:
+        """What the state digests cover: the model's parameters and the optimizer's state (registered entries of
+        your own may legitimately differ between groups)."""
+        assert self._model is not None
+        return replica_tensors(self._model, self._optimizer)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything registered: what a healing peer copies."""
         return {name: get() for name, (get, _put) in self._entries.items()}
@@ -185,8 +192,11 @@ class Session:
                 "before the first step"
             )
         step = self._checkpoints.resume(self) if self._checkpoints else 0
-        self.manager = Manager(self.cfg.manager, self.state_dict, self.load_state_dict)  # checks the state
+        self.manager = Manager(  # checks the state
+            self.cfg.manager, self.state_dict, self.load_state_dict, replica_state=self._replica_state
+        )
         self.manager.register_params(self._params)
+        self.manager.set_loss_scaling(self.loss_scaling)
         self.manager.step = step
         if self._log:
             self._log.write(StartRecord(group=self.cfg.manager.group, incarnation=self.manager.incarnation, step=step,

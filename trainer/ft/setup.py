@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from ftjob import contract
+from ftjob.ft.guard import GuardConfig
 from ftjob.ft.manager import ManagerConfig
 from ftjob.ft.session import Session, SessionConfig
 
@@ -41,12 +42,15 @@ def init(
     between groups) or "cpu" (gloo); default cuda when available. ``sync_at_start``: at step 0, every fresh group
     copies one reference group's state, so groups never train from different initial weights. Checkpoints for
     whole-job restarts go to ``checkpoint_dir`` (env FTJOB_CHECKPOINT_DIR) every ``checkpoint_every`` committed
-    steps (env FTJOB_CHECKPOINT_EVERY; 0: never). Other keywords override ManagerConfig fields.
+    steps (env FTJOB_CHECKPOINT_EVERY; 0: never). Other keywords override ManagerConfig fields, e.g.
+    ``gradient_guard`` (env FTJOB_GRADIENT_GUARD), ``guard_norm_ratio`` (FTJOB_GUARD_NORM_RATIO) and ``digest_every``
+    (FTJOB_DIGEST_EVERY).
     """
     global _current
     if _current is not None:
         raise RuntimeError("ftjob.ft.init() was already called in this process")
     env = contract.WorkerEnv.from_environ()
+    guard = GuardConfig.from_environ()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get(contract.ENV_LOCAL_RANK, "0")))
@@ -72,6 +76,9 @@ def init(
         lost_timeout_s=_env_number(contract.ENV_LIGHTHOUSE_LOST_TIMEOUT_S, float, ManagerConfig.lost_timeout_s),
         device=device,
         sync_at_start=sync_at_start,
+        gradient_guard=guard.enabled,
+        guard_norm_ratio=guard.norm_ratio,
+        digest_every=_env_number(contract.ENV_DIGEST_EVERY, int, ManagerConfig.digest_every),
     )
     ckpt = checkpoint_dir or os.environ.get(contract.ENV_CHECKPOINT_DIR) or None
     run_dir = os.environ.get(contract.ENV_RUN_DIR)

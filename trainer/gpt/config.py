@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftjob import contract
+from ftjob.ft.guard import DEFAULT_NORM_RATIO, GuardConfig
+from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY
 from ftjob.gpt.data import DEFAULT_MAX_BYTES
 from ftjob.gpt.model import PRESETS
 
@@ -47,6 +49,10 @@ class TrainConfig:
     collective_timeout_s: float = 5.0
     quorum_timeout_s: float = 60.0
     lighthouse_lost_timeout_s: float = 600.0
+    # integrity (ftjob.ft.integrity): the gradient guard and the state digests
+    gradient_guard: bool = True
+    guard_norm_ratio: float = DEFAULT_NORM_RATIO
+    digest_every: int = DEFAULT_DIGEST_EVERY
     # outputs
     run_dir: Path | None = None
     log_every: int = 10
@@ -80,6 +86,10 @@ class TrainConfig:
             problems.append(f"--min-step-seconds must be >= 0 (got {self.min_step_seconds})")
         if self.lr <= 0:
             problems.append(f"--lr must be positive (got {self.lr})")
+        if not self.guard_norm_ratio > 1:
+            problems.append(f"--guard-norm-ratio must be > 1 (got {self.guard_norm_ratio})")
+        if self.digest_every < 0:
+            problems.append(f"--digest-every must be >= 0 (got {self.digest_every})")
         if problems:
             raise ValueError("invalid trainer configuration: " + "; ".join(problems))
         return self
@@ -111,6 +121,12 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
         help=f"seconds to keep retrying an unreachable lighthouse (env {contract.ENV_LIGHTHOUSE_LOST_TIMEOUT_S}, "
         "default 600)",
     )
+    a("--gradient-guard", choices=["on", "off"], help=f"refuse steps with a non-finite or outlying gradient norm "
+      f"(env {contract.ENV_GUARD}; default on)")  # fmt: skip
+    a("--guard-norm-ratio", type=float, help=f"a group's gradient norm above this x the others' median is refused "
+      f"(env {contract.ENV_GUARD_NORM_RATIO}; default {DEFAULT_NORM_RATIO:g})")  # fmt: skip
+    a("--digest-every", type=int, help=f"report a state digest every N committed steps (env "
+      f"{contract.ENV_DIGEST_EVERY}; default {DEFAULT_DIGEST_EVERY}; 0: never)")  # fmt: skip
     a("--run-dir", type=Path, help="write this group's progress/commit records here (group-<g>.jsonl)")
     a("--log-every", type=int, help="progress line every N steps (default 10)")
     a("--checkpoint-dir", type=Path, help=f"durable checkpoints (env {contract.ENV_CHECKPOINT_DIR})")
@@ -143,6 +159,10 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
         return flag if flag is not None else (env_value if env_value is not None else default)
 
     ckpt_env = env.get(contract.ENV_CHECKPOINT_DIR)
+    guard_env = GuardConfig.from_environ(env)
+    digest_env = env.get(contract.ENV_DIGEST_EVERY, "").strip()
+    if digest_env and not digest_env.isdigit():
+        raise ValueError(f"env {contract.ENV_DIGEST_EVERY}={digest_env!r} is not a number of steps")
     has_env = {
         k: k in env
         for k in (
@@ -188,6 +208,9 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
             _env_float(env, contract.ENV_LIGHTHOUSE_LOST_TIMEOUT_S),
             d.lighthouse_lost_timeout_s,
         ),
+        gradient_guard=args.gradient_guard == "on" if args.gradient_guard else guard_env.enabled,
+        guard_norm_ratio=pick(args.guard_norm_ratio, guard_env.norm_ratio, d.guard_norm_ratio),
+        digest_every=pick(args.digest_every, int(digest_env) if digest_env else None, d.digest_every),
         run_dir=args.run_dir,
         log_every=pick(args.log_every, None, d.log_every),
         checkpoint_dir=pick(args.checkpoint_dir, Path(ckpt_env) if ckpt_env else None, None),

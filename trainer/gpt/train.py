@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from ftjob import contract
-from ftjob.ft.digest import digest_of, full_params
+from ftjob.ft.digest import digest_of, full_params, replica_tensors
 from ftjob.ft.records import CommitRecord, FinishedRecord, GroupLog, StartRecord, group_log_path
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.data import Corpus, SampleSource, rank_range, shard_range
@@ -182,9 +182,13 @@ class Trainer:
                 quorum_timeout_s=cfg.quorum_timeout_s,
                 lost_timeout_s=cfg.lighthouse_lost_timeout_s,
                 device=cfg.device,
+                gradient_guard=cfg.gradient_guard,
+                guard_norm_ratio=cfg.guard_norm_ratio,
+                digest_every=cfg.digest_every,
             ),
             self.state_dict,
             self.load_state_dict,
+            replica_state=lambda: replica_tensors(self.model, self.optimizer),  # what the state digests cover
         )
         mgr.register_params(self.params)  # gradient buckets all-reduced during the backward pass
         if start_step:

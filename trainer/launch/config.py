@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftjob.ft.fault_injection import FaultInjection
 from ftjob.gpt.model import PRESETS
 
 DEFAULT_STEPS = 200  # the reference trainer's, when --steps is not given
@@ -42,6 +43,9 @@ class LaunchConfig:
     model: str = "tiny"
     batch_size: int = DEFAULT_BATCH
     extra_train_args: list[str] = field(default_factory=list)
+    tls: bool = False  # a throwaway CA in <run-dir>/tls; the lighthouse and recovery servers serve TLS only
+    inject_fault: str = ""  # FTJOB_FAULT_INJECTION for every group (the named group's first incarnation acts on it)
+    digest_every: int | None = None  # FTJOB_DIGEST_EVERY (None: the trainer's default)
 
     @property
     def title(self) -> str:
@@ -67,6 +71,11 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
     a("--checkpoint-every", type=int, default=0, help="durable checkpoint every N steps into <run-dir>/checkpoints")
     a("--min-step-seconds", type=float, default=0.0, help="pad each step to this long (stand-in for a bigger model)")
     a("--max-crashes", type=int, default=10, help="give up when one group exits unexpectedly this often (default 10)")
+    a("--tls", action="store_true", help="TLS as in a cluster: a throwaway CA in <run-dir>/tls, the lighthouse and "
+      "every recovery server serve TLS only (default: plain HTTP on loopback, for local development)")  # fmt: skip
+    a("--inject-fault", default="", metavar="SPEC", help="tests: a faulty group, e.g. group=1,kind=nan,step=20,count=3 "
+      "or group=2,kind=bitflip,step=30 (FTJOB_FAULT_INJECTION; only the group's first incarnation)")  # fmt: skip
+    a("--digest-every", type=int, default=None, help="state digests every N committed steps (FTJOB_DIGEST_EVERY)")
     g = p.add_argument_group("the reference GPT trainer (only without a command after --)")
     g.add_argument("--model", default=None, choices=sorted(PRESETS), help="model preset (default tiny)")
     g.add_argument("--batch-size", type=int, default=None, help=f"samples per group per step (default {DEFAULT_BATCH})")
@@ -114,6 +123,15 @@ def config_from_args(a: argparse.Namespace, command: list[str] | None = None) ->
         problems.append(f"--batch-size {batch_size} must be a multiple of --pods-per-replica {a.pods_per_replica}")
     if a.spares < 0 or a.restart_delay < 0:
         problems.append("--spares and --restart-delay must be >= 0")
+    if a.digest_every is not None and a.digest_every < 0:
+        problems.append(f"--digest-every must be >= 0 (got {a.digest_every})")
+    if a.inject_fault:
+        try:
+            fault = FaultInjection.parse(a.inject_fault)
+            if not 0 <= int(fault.group) < a.replicas + a.spares:
+                problems.append(f"--inject-fault names group {fault.group}, not one of this run's groups")
+        except ValueError as e:
+            problems.append(f"--inject-fault: {e}")
     if problems:
         raise ValueError("invalid launch flags: " + "; ".join(problems))
     run_dir = a.run_dir or Path(f"ftjob-run-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -138,6 +156,9 @@ def config_from_args(a: argparse.Namespace, command: list[str] | None = None) ->
         model=a.model or "tiny",
         batch_size=batch_size,
         extra_train_args=list(a.train_arg),
+        tls=a.tls,
+        inject_fault=a.inject_fault,
+        digest_every=a.digest_every,
     )
 
 

@@ -4,8 +4,11 @@ Every rank runs the training command (the reference GPT trainer unless one follo
 operator gives pods (ftjob.contract), plus ``FTJOB_RUN_DIR`` for its run records. The launcher restarts a dead group
 after ``--restart-delay`` and injects faults: ``--kill-at`` SIGKILLs a random live group when the job's committed step
 (the lighthouse's status) reaches each given step, ``--kill-every`` does so on a timer. It never kills below
-``--min-replicas`` live groups (the kill waits), so the job keeps committing. At the end it checks the groups' records
-(equal final parameters, every sample trained once) and writes ``--report`` / ``--timeline``.
+``--min-replicas`` live groups (the kill waits), so the job keeps committing. ``--inject-fault`` makes one group
+misbehave (FTJOB_FAULT_INJECTION, ftjob.ft.fault_injection; each start of a group gets FTJOB_GENERATION 0, 1, ..., and
+only generation 0 injects); a group the lighthouse evicts exits and is restarted like any other (the report says why
+in ``evictions``, with the lighthouse's final integrity counts and audit records). At the end it checks the groups'
+records (equal final parameters, every sample trained once) and writes ``--report`` / ``--timeline``.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import random
 import secrets
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from ftjob import contract
+from ftjob.contract import pki
+from ftjob.contract.tls import client_context
 from ftjob.ft.records import read_run_dir
 from ftjob.launch.config import LaunchConfig, config_from_args, reference_trainer_command
 from ftjob.launch.procs import GroupProcs, free_port, start_group, start_lighthouse
@@ -35,15 +41,23 @@ class Launcher:
         self.groups = [str(i) for i in range(cfg.replicas + cfg.spares)]
         self.token = secrets.token_hex(16)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if cfg.tls else 'http'}://127.0.0.1:{self.port}"
+        self.tls_files = self._issue_tls() if cfg.tls else {}
         self.rng = random.Random(cfg.seed)
         self.running: dict[str, GroupProcs] = {}
         self.restart_at: dict[str, float] = {}
         self.finished: set[str] = set()
         self.generation = dict.fromkeys(self.groups, 0)
         self.events = LaunchEvents(t0=time.time(), restarts=dict.fromkeys(self.groups, 0))
-        self.status = LighthouseStatus(self.url, self.token)
+        ca = self.tls_files.get(pki.CA_CERT)
+        self.status = LighthouseStatus(self.url, self.token, client_context(str(ca)) if ca else None)
         self.progress = LiveProgress(cfg.run_dir)
+
+    def _issue_tls(self) -> dict[str, Path]:
+        """A throwaway CA for this run: the lighthouse's certificate names loopback, the workers' the job's worker
+        name (job "local", namespace "default": the contract's defaults)."""
+        files = pki.issue_job("local", "default", ["localhost"], ["127.0.0.1"])
+        return pki.write_files(self.cfg.run_dir / "tls", files)
 
     def _env(self) -> dict[str, str]:
         c = self.cfg
@@ -59,6 +73,14 @@ class Launcher:
                 contract.ENV_MIN_STEP_SECONDS: str(c.min_step_seconds),
             }
         )
+        if self.tls_files:
+            env[contract.ENV_TLS_CA_FILE] = str(self.tls_files[pki.CA_CERT])
+            env[contract.ENV_TLS_CERT_FILE] = str(self.tls_files[pki.WORKER_CERT])
+            env[contract.ENV_TLS_KEY_FILE] = str(self.tls_files[pki.WORKER_KEY])
+        if c.inject_fault:
+            env[contract.ENV_FAULT_INJECTION] = c.inject_fault
+        if c.digest_every is not None:
+            env[contract.ENV_DIGEST_EVERY] = str(c.digest_every)
         if c.checkpoint_every and c.command:  # the reference trainer gets them as flags
             env[contract.ENV_CHECKPOINT_DIR] = str(c.run_dir / "checkpoints")
             env[contract.ENV_CHECKPOINT_EVERY] = str(c.checkpoint_every)
@@ -97,6 +119,10 @@ class Launcher:
                 gp.kill()
                 del self.running[group]
                 self.events.crashes.append((time.time(), group, codes))
+                evicted = self.status.eviction_since(group, self.progress.last_start.get(group, 0.0))
+                if evicted is not None:  # the lighthouse dropped it and its process exited on the 410
+                    self.events.evictions.append((time.time(), group, evicted))
+                    print(f"[launch] group {group} was evicted by the lighthouse: {evicted}", flush=True)
                 if sum(1 for _, g, _ in self.events.crashes if g == group) > self.cfg.max_crashes:
                     raise RuntimeError(
                         f"group {group} exited unexpectedly more than --max-crashes {self.cfg.max_crashes} times "
@@ -141,6 +167,9 @@ class Launcher:
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         c.run_dir.mkdir(parents=True, exist_ok=True)
         lh_env = {**self._env(), contract.ENV_LIGHTHOUSE_BIND: f"127.0.0.1:{self.port}"}
+        if self.tls_files:  # the lighthouse presents its own certificate, not the workers'
+            lh_env[contract.ENV_TLS_CERT_FILE] = str(self.tls_files[pki.LIGHTHOUSE_CERT])
+            lh_env[contract.ENV_TLS_KEY_FILE] = str(self.tls_files[pki.LIGHTHOUSE_KEY])
         lh_proc, lh_log = start_lighthouse(
             [f"--bind=127.0.0.1:{self.port}", f"--min-replicas={c.min_replicas}", f"--replicas={c.replicas}"],
             lh_env,
@@ -179,6 +208,7 @@ class Launcher:
                     next_timed_kill = time.monotonic() + (c.kill_every or 0)
                 self.progress.maybe_print(c.steps)
                 time.sleep(0.05)  # the poll interval of this supervision loop, not a synchronisation
+            self.events.lighthouse = self.status.status()  # its integrity counts and audit, for the report
         finally:
             # A second SIGTERM (e.g. `timeout` forwarding its own) must not cut this cleanup short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)

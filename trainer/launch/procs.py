@@ -78,6 +78,7 @@ def start_group(
         rank_env = {
             **env,
             contract.ENV_REPLICA_GROUP: group,
+            contract.ENV_GENERATION: str(generation),  # 0 first, then one more per restart (the pod label's)
             contract.ENV_RANK: str(rank),
             contract.ENV_LOCAL_RANK: str(rank),
             contract.ENV_WORLD_SIZE: str(pods_per_replica),

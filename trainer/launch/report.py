@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftjob.contract.lighthouse_api import AuditRecord, IntegrityStatus, StatusResponse
 from ftjob.ft.records import StartRecord, read_run_dir
 from ftjob.launch.run_records import (
     Coverage,
@@ -26,6 +27,8 @@ class LaunchEvents:
     crashes: list[tuple[float, str, list[int | None]]] = field(default_factory=list)  # exits nobody injected
     restarts: dict[str, int] = field(default_factory=dict)
     stranded: list[str] = field(default_factory=list)  # restarted after every other group had finished
+    evictions: list[tuple[float, str, str]] = field(default_factory=list)  # exits the lighthouse caused, and why
+    lighthouse: StatusResponse | None = None  # its last status, read when every group was done
 
 
 class GroupResult(BaseModel):
@@ -41,6 +44,12 @@ class UnexpectedExit(BaseModel):
     exit_codes: list[int | None]
 
 
+class Eviction(BaseModel):
+    t: float  # seconds since the launch (when its process exit was seen)
+    group: str
+    reason: str  # the lighthouse's, e.g. "gradient_guard: ..." or "divergent: digest at step 20 differs ..."
+
+
 class LaunchReport(BaseModel):
     """``ftjob-trainer launch --report``: what a local run did, and whether it kept its promises."""
 
@@ -50,6 +59,9 @@ class LaunchReport(BaseModel):
     failures_injected: int
     stranded_groups: list[str]
     unexpected_exits: list[UnexpectedExit]
+    evictions: list[Eviction] = []  # unexpected exits the lighthouse caused (integrity checks, the operator's API)
+    integrity: IntegrityStatus | None = None  # the lighthouse's gradient-guard and digest counts at the end
+    audit: list[AuditRecord] = []  # the lighthouse's newest job-level audit records at the end
     survivor_stall_seconds_max: float
     survivor_stall_seconds: list[float]
     median_step_seconds: float | None
@@ -94,6 +106,9 @@ def build_report(run_dir: Path, events: LaunchEvents, groups: list[str], t_end: 
         failures_injected=len(events.kills),
         stranded_groups=events.stranded,
         unexpected_exits=[UnexpectedExit(t=t - events.t0, group=g, exit_codes=c) for t, g, c in events.crashes],
+        evictions=[Eviction(t=t - events.t0, group=g, reason=why) for t, g, why in events.evictions],
+        integrity=events.lighthouse.integrity if events.lighthouse else None,
+        audit=events.lighthouse.audit if events.lighthouse else [],
         survivor_stall_seconds_max=max(stalls, default=0.0),
         survivor_stall_seconds=stalls,
         median_step_seconds=median_step_seconds(list(timelines.values())),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -9,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from ftjob import contract
-from ftjob.contract.lighthouse_api import StatusResponse
+from ftjob.contract.lighthouse_api import DroppedEvent, StatusResponse
 from ftjob.ft.records import CommitRecord, parse_record
 from pydantic import ValidationError
 
@@ -17,12 +18,12 @@ from pydantic import ValidationError
 class LighthouseStatus:
     """The launcher's view of its lighthouse: health and the job's committed step."""
 
-    def __init__(self, url: str, token: str) -> None:
-        self.url, self.token = url.rstrip("/"), token
+    def __init__(self, url: str, token: str, tls: ssl.SSLContext | None = None) -> None:
+        self.url, self.token, self.tls = url.rstrip("/"), token, tls
 
     def _get(self, path: str, timeout: float = 2.0) -> bytes:
         req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.token}"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=self.tls) as resp:
             return resp.read()
 
     def wait_healthy(self, deadline: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -44,6 +45,18 @@ class LighthouseStatus:
             return StatusResponse.model_validate_json(self._get(contract.PATH_STATUS))
         except (urllib.error.URLError, OSError, ValidationError):
             return None
+
+    def eviction_since(self, group: str, since: float) -> str | None:
+        """Why the lighthouse evicted ``group`` at or after wall time ``since`` (the newest such drop), or None."""
+        status = self.status()
+        if status is None or status.clock is None:
+            return None
+        now = time.time()
+        for event in reversed(status.history):
+            at = now - (status.clock - event.time)
+            if isinstance(event, DroppedEvent) and event.group == group and event.reason.startswith("evicted"):
+                return event.reason.removeprefix("evicted: ") if at >= since - 1.0 else None  # 1 s: clock skew
+        return None
 
     def committed_step(self, fallback: int) -> int:
         """The job's committed step per the lighthouse (``fallback`` when it cannot be read)."""

@@ -1,0 +1,115 @@
+"""The Manager's integrity duties, kept out of the step protocol: the gradient guard's verdict on each step, the
+replicas' state digests every ``digest_every`` committed steps, what rank 0 reports to the lighthouse about both in
+its next quorum request, and the fault injection tests use (ftjob.ft.fault_injection).
+
+Guard. Every rank judges the table its cross-group all-reduce brought (ftjob.ft.guard): rank i of every group sees
+the same numbers and reaches the same verdict, so a refused step fails in every group alike. A sharded group's rank i
+holds only shard i, so it judges shard i; the group's unanimous vote (should_commit) then fails the whole group when
+any shard was refused, and since every group's rank i judged shard i identically, every group fails: no group
+commits. After a failed vote the ranks pool their offences (one in-group gather, only then) so that rank 0 reports
+every offender, once, in the next QuorumRequest.guard_verdict.
+
+Digests. At the step boundary after the commit that made ``step`` a multiple of ``digest_every`` (the start of the
+next step: the optimizer has applied that commit by then), the group hashes its parameters and optimizer state (not
+buffers, the data position or user state, which may legitimately differ); a sharded group combines its ranks' digests
+in rank order. Rank 0 sends it in the next QuorumRequest.state_digest (a prefetched request included): the step
+travels with it, so arriving a step late is fine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from ftjob.contract.lighthouse_api import GuardOffence, GuardVerdict, StateDigest
+from ftjob.ft import guard
+from ftjob.ft.digest import combine, local_digest
+from ftjob.ft.fault_injection import FaultInjection, flip_lowest_bit
+from ftjob.ft.manager_group import InGroup
+from ftjob.ft.metrics import TrainerMetrics
+
+log = logging.getLogger("ftjob.integrity")
+
+DEFAULT_DIGEST_EVERY = 100  # committed steps; ~0.1% of the bench model's step time (README, Integrity)
+
+
+class Integrity:
+    def __init__(
+        self,
+        group: str,
+        in_group: InGroup,
+        metrics: TrainerMetrics,
+        guard_cfg: guard.GuardConfig,
+        digest_every: int,
+        replica_state: Callable[[], Sequence[torch.Tensor]] | None,
+    ) -> None:
+        """``replica_state``: the tensors replicas must hold bitwise equal (ftjob.ft.digest.replica_tensors); None:
+        no digests (the Manager does not know which part of its state they are)."""
+        if digest_every < 0:
+            raise ValueError(f"digest_every must be >= 0 (0: no digests), got {digest_every}")
+        self.group, self._in_group, self._metrics = group, in_group, metrics
+        self.guard = guard_cfg
+        self.digest_every = digest_every if replica_state is not None else 0
+        self._replica_state = replica_state
+        self.loss_scaling = False  # a dynamic loss scaler handles non-finite gradients (ftjob.ft.guard)
+        self.fault = FaultInjection.from_environ(group)
+        self._offences: list[GuardOffence] = []  # this rank's verdict on the step in progress
+        self._digested_step = -1
+        self._verdict: GuardVerdict | None = None  # rank 0: for the next quorum request
+        self._digest: StateDigest | None = None
+
+    # --- step boundary -------------------------------------------------------------------------------------------
+    def at_step_boundary(self, step: int) -> None:
+        """Before this step's quorum request: the state is the one committed at ``step``."""
+        fault = self.fault
+        if fault is not None and self._replica_state is not None and fault.flip_due(step) and self._in_group.rank == 0:
+            what = flip_lowest_bit(self._replica_state())
+            log.warning("fault injection: group %s flipped a bit after step %d: %s", self.group, step, what)
+        every = self.digest_every
+        if every and step > 0 and step % every == 0 and step != self._digested_step:
+            self._digested_step = step
+            assert self._replica_state is not None
+            digest = local_digest(self._replica_state())
+            if self._in_group.world_size > 1:  # every rank of the group is here: the step boundary is common
+                digest = combine(self._in_group.all_gather_json(digest))
+            self._metrics.digested()
+            if self._in_group.rank == 0:
+                self._digest = StateDigest(step=step, digest=digest)
+
+    def corruption(self, step: int, contributing: bool) -> Callable[[torch.Tensor], None] | None:
+        return self.fault.corruption(step, contributing) if self.fault is not None else None
+
+    # --- the guard -----------------------------------------------------------------------------------------------
+    def judge(self, table: list[list[float]] | None) -> str | None:
+        """This rank's verdict on the step from the all-reduced table; why it is refused, or None."""
+        if table is None:
+            self._offences = []
+        else:
+            self._offences = guard.judge(guard.contributions(table), self.guard.norm_ratio, self.loss_scaling)
+        for o in self._offences:
+            self._metrics.guard_offence(o.kind)
+        return guard.describe(self._offences, self.guard.norm_ratio) if self._offences else None
+
+    def after_vote(self, committed: bool, quorum_id: int, step: int) -> str | None:
+        """After the group's vote: a refused step's offenders, pooled over the group's ranks (every rank calls this
+        in step); rank 0 keeps the verdict for the next request. Returns the pooled description, if any."""
+        offences, self._offences = self._offences, []
+        if committed or not self.guard.enabled:
+            return None
+        if self._in_group.world_size > 1:  # each rank judged its own shard: pool them (a failed step only)
+            dumped = self._in_group.all_gather_json([o.model_dump(mode="json") for o in offences])
+            offences = guard.merge([GuardOffence.model_validate(o) for rank in dumped for o in rank])
+        if not offences:
+            return None
+        if self._in_group.rank == 0:
+            self._verdict = GuardVerdict(quorum_id=quorum_id, step=step, offenders=offences)
+        return guard.describe(offences, self.guard.norm_ratio)
+
+    # --- reporting -----------------------------------------------------------------------------------------------
+    def report_fields(self) -> dict[str, Any]:
+        """The verdict and digest not yet reported, for the quorum request being built (each is sent once)."""
+        fields = {"guard_verdict": self._verdict, "state_digest": self._digest}
+        self._verdict = self._digest = None
+        return fields
