@@ -18,6 +18,8 @@ class Observed:
     # groups whose pods run but which stopped heartbeating to the lighthouse (hung or cut off): group -> why
     silent_groups: dict[int, str] = field(default_factory=dict)
     degraded_nodes: Mapping[str, str] = field(default_factory=dict)  # node -> why it is degrading (nodeHealth)
+    # group -> (wall time, the lighthouse's reason) of its latest eviction by the lighthouse for integrity
+    integrity_drops: Mapping[int, tuple[float, str]] = field(default_factory=dict)
 
 
 @dataclass

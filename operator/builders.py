@@ -10,6 +10,7 @@ import secrets
 from typing import Any
 
 from ftjob import contract
+from ftjob.contract import pki
 from ftjob.operator import names
 from ftjob.operator.model import GroupState, JobSpec
 
@@ -31,6 +32,37 @@ def token_secret(job: str, namespace: str) -> dict[str, Any]:
         "type": "Opaque",
         "stringData": {contract.TOKEN_SECRET_KEY: secrets.token_urlsafe(32)},
     }
+
+
+def tls_secret(job: str, namespace: str) -> dict[str, Any]:
+    """A fresh per-job CA and its lighthouse and worker certificates (new keys on every call: the caller creates
+    the Secret once and reads it back, so a retry never replaces what pods already mounted)."""
+    files = pki.issue_job(job, namespace, names.lighthouse_dns_names(job, namespace))
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": names.tls_secret(job), "namespace": namespace, "labels": common_labels(job, "tls")},
+        "type": "Opaque",
+        "stringData": {key: data.decode() for key, data in files.items()},
+    }
+
+
+TLS_VOLUME = "ftjob-tls"
+TLS_DIR = "/etc/ftjob/tls"
+
+
+def _tls_files(job: str, cert: str, key: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, str]]]:
+    """The volume with the job's CA and one certificate pair of the TLS Secret (never ca.key), its read-only mount
+    and the env that points the process at the files."""
+    items = [{"key": f, "path": f} for f in (pki.CA_CERT, cert, key)]
+    volume = {"name": TLS_VOLUME, "secret": {"secretName": names.tls_secret(job), "items": items}}
+    mount = {"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}
+    env = [
+        {"name": contract.ENV_TLS_CA_FILE, "value": f"{TLS_DIR}/{pki.CA_CERT}"},
+        {"name": contract.ENV_TLS_CERT_FILE, "value": f"{TLS_DIR}/{cert}"},
+        {"name": contract.ENV_TLS_KEY_FILE, "value": f"{TLS_DIR}/{key}"},
+    ]
+    return volume, mount, env
 
 
 def headless_service(name: str, namespace: str, labels: dict[str, str], selector: dict[str, str], port: int):
@@ -61,8 +93,9 @@ def group_service(job: str, namespace: str, group: int) -> dict[str, Any]:
     return headless_service(names.group_service(job, group), namespace, labels, selector, contract.GROUP_MASTER_PORT)
 
 
-def lighthouse_url(job: str, namespace: str) -> str:
-    return f"http://{names.cluster_dns(names.lighthouse_service(job), namespace)}:{contract.LIGHTHOUSE_PORT}"
+def lighthouse_url(job: str, namespace: str, tls: bool = True) -> str:
+    scheme = "https" if tls else "http"
+    return f"{scheme}://{names.cluster_dns(names.lighthouse_service(job), namespace)}:{contract.LIGHTHOUSE_PORT}"
 
 
 def _token_env(job: str) -> dict[str, Any]:
@@ -109,7 +142,7 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
     env = [
         {"name": contract.ENV_JOB_NAME, "value": job},
         {"name": contract.ENV_NAMESPACE, "value": namespace},
-        {"name": contract.ENV_LIGHTHOUSE_URL, "value": lighthouse_url(job, namespace)},
+        {"name": contract.ENV_LIGHTHOUSE_URL, "value": lighthouse_url(job, namespace, spec.tls.enabled)},
         _token_env(job),
         {"name": contract.ENV_REPLICA_GROUP, "value": str(group.index)},
         {"name": contract.ENV_REPLICAS, "value": str(spec.replicas)},
@@ -124,12 +157,20 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         {"name": contract.ENV_LOCAL_RANK, "value": "0"},
         master,
         {"name": contract.ENV_MASTER_PORT, "value": str(contract.GROUP_MASTER_PORT)},
+        *integrity_env(spec, group),
     ]
+    if spec.tls.enabled:
+        tls_volume, tls_mount, tls_env = _tls_files(job, pki.WORKER_CERT, pki.WORKER_KEY)
+        env += tls_env
+        pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != TLS_VOLUME] + [tls_volume]
     ours = {e["name"] for e in env}
     for container in pod_spec.get("containers") or []:
         user_env = [e for e in container.get("env") or [] if e.get("name") not in ours]
         defaults = [d for d in DEFAULT_ENV if d["name"] not in {e.get("name") for e in user_env}]
         container["env"] = user_env + defaults + env  # ours win: the contract must hold whatever the template says
+        if spec.tls.enabled:  # every container gets the env, so every one gets the files it names
+            mounts = container.get("volumeMounts") or []
+            container["volumeMounts"] = [m for m in mounts if m.get("mountPath") != TLS_DIR] + [tls_mount]
     _add_metrics_port(pod_spec.get("containers") or [])
     for container in (pod_spec.get("initContainers") or []) + (pod_spec.get("containers") or []):
         if container.get("resources"):
@@ -142,6 +183,18 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": pod_spec,
     }
+
+
+def integrity_env(spec: JobSpec, group: GroupState) -> list[dict[str, str]]:
+    """spec.integrity for the trainer: the gradient guard, the digest period, and which incarnation this is (fault
+    injection in tests applies to generation 0 only)."""
+    integrity = spec.integrity
+    return [
+        {"name": contract.ENV_GUARD, "value": "1" if integrity.guard_enabled else "0"},
+        {"name": contract.ENV_GUARD_NORM_RATIO, "value": f"{integrity.norm_ratio:g}"},
+        {"name": contract.ENV_DIGEST_EVERY, "value": str(integrity.digest_every_steps)},
+        {"name": contract.ENV_GENERATION, "value": str(group.generation)},
+    ]
 
 
 def _add_metrics_port(containers: list[dict[str, Any]]) -> None:
@@ -192,31 +245,45 @@ def lighthouse_pod(
         {"name": contract.ENV_JOB_NAME, "value": job},
         {"name": contract.ENV_NAMESPACE, "value": namespace},
         _token_env(job),
+        # the eviction rule of the gradient guard (the lighthouse tallies the offences the trainers report)
+        {"name": contract.ENV_GUARD_MAX_OFFENCES, "value": str(spec.integrity.max_offences)},
+        {"name": contract.ENV_GUARD_WINDOW_S, "value": f"{spec.integrity.window_s:g}"},
     ]
     if restore_quorum_id or restore_step:
         env += [
             {"name": contract.ENV_RESTORE_QUORUM_ID, "value": str(restore_quorum_id)},
             {"name": contract.ENV_RESTORE_STEP, "value": str(restore_step)},
         ]
+    volumes: list[dict[str, Any]] = []
+    if spec.tls.enabled:  # it serves TLS only, with the lighthouse pair (the CA for symmetry: never the CA's key)
+        tls_volume, tls_mount, tls_env = _tls_files(job, pki.LIGHTHOUSE_CERT, pki.LIGHTHOUSE_KEY)
+        env += tls_env
+        volumes.append(tls_volume)
     name = names.lighthouse_pod(job, generation)
     container: dict[str, Any] = {
         "name": "lighthouse",
         "image": image,
         "command": list(lh.command),
         "env": env,
-        "ports": [{"name": "http", "containerPort": contract.LIGHTHOUSE_PORT}],
+        # the port's name says its protocol (service meshes and the chart's PodMonitor go by it)
+        "ports": [{"name": "https" if spec.tls.enabled else "http", "containerPort": contract.LIGHTHOUSE_PORT}],
     }
+    if spec.tls.enabled:
+        container["volumeMounts"] = [tls_mount]
     if lh.resources:
         container["resources"] = quantities_as_strings(lh.resources)
     labels = {**common_labels(job, contract.ROLE_LIGHTHOUSE), contract.LABEL_GENERATION: str(generation)}
+    pod_spec: dict[str, Any] = {
+        "hostname": name,
+        "subdomain": names.lighthouse_service(job),
+        "restartPolicy": "Never",
+        "containers": [container],
+    }
+    if volumes:
+        pod_spec["volumes"] = volumes
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "hostname": name,
-            "subdomain": names.lighthouse_service(job),
-            "restartPolicy": "Never",
-            "containers": [container],
-        },
+        "spec": pod_spec,
     }

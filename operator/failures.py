@@ -25,6 +25,10 @@ REASON_NODE_LOST = "NodeLost"
 REASON_POD_DELETED = "PodDeleted"
 REASON_LIGHTHOUSE = "LighthouseFailed"
 REASON_HEARTBEAT_LOST = "HeartbeatLost"  # pods run, but the group left the lighthouse (hung, or cut off)
+# the lighthouse itself evicted the group (ftjob.operator.integrity): repeated gradient-guard offences, or a state
+# digest that differs from the majority's
+REASON_GRADIENT_GUARD = "GradientGuard"
+REASON_REPLICA_DIVERGENCE = "ReplicaDivergence"
 
 # A pod still Terminating this long after its deletionTimestamp (grace already included) is force-deleted:
 # its node is not going to confirm the deletion.
@@ -40,6 +44,8 @@ class Failure:
     exit_code: int | None
     action: str  # ACTION_RESTART_GROUP | ACTION_FAIL_JOB | ACTION_IGNORE
     node_lost: bool  # the pod's node is gone or NotReady: delete with no grace, avoid the node strictly
+    avoid_strictly: bool = False  # the node is suspect though up (bad numbers came from it): required anti-affinity
+    evicted_by_lighthouse: bool = False  # the lighthouse already dropped the group: no evict call needed
 
 
 def node_is_lost(node: str | None, node_ready: Mapping[str, bool] | None) -> bool:

@@ -148,14 +148,17 @@ class KubeApi:
             _preload_content=False,
         )
 
-    async def post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the job (what `kubectl describe ftj` shows). Best effort: never fails a reconcile."""
+    async def post_event(
+        self, job: dict[str, Any], type_: str, reason: str, message: str, name: str | None = None
+    ) -> bool:
+        """A core/v1 Event on the job (what `kubectl describe ftj` shows). Best effort: never fails a reconcile.
+        With a `name`, posting it again is a no-op (409). True when the Event exists now."""
         meta = job["metadata"]
         now = dt.datetime.now(dt.UTC)
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "metadata": {"name": name or f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
                 "kind": contract.KIND,
@@ -173,8 +176,15 @@ class KubeApi:
         }
         try:
             await self._call(self.core.create_namespaced_event, meta["namespace"], event, _preload_content=False)
+        except ApiException as e:
+            if name is not None and e.status == 409:
+                return True  # posted before (a repeated mirror of the same record)
+            log.warning("could not post event %s on %s: %s", reason, meta["name"], e)
+            return False
         except Exception as e:  # an Event is a courtesy; the status carries the truth
             log.warning("could not post event %s on %s: %s", reason, meta["name"], e)
+            return False
+        return True
 
     async def cordon_node(self, name: str) -> bool:
         try:

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, QuorumEvent, StatusResponse
+from ftjob.contract.lighthouse_api import (
+    AuditRecord,
+    DroppedEvent,
+    IntegrityStatus,
+    MemberStatus,
+    QuorumEvent,
+    StatusResponse,
+)
+from ftjob.operator.integrity import integrity_reason
 from ftjob.operator.model import JobState
 
 SILENCE_MIN_S = 10.0
@@ -26,6 +34,10 @@ class LighthouseView:
     blocked_reason: str = ""  # why the pending quorum has not formed ("waiting for min_replicas: ...")
     # (seconds before the answer, step) of the earliest quorum the answer's history lists: when training began
     first_quorum: tuple[float, int] | None = None
+    # group -> (seconds before the answer, reason) of its latest eviction for integrity ("evicted: gradient_guard: ...")
+    integrity_drops: dict[str, tuple[float, str]] = field(default_factory=dict)
+    integrity: IntegrityStatus | None = None  # the guard's and the digest check's counters
+    audit: tuple[AuditRecord, ...] = ()  # the newest job-level audit records, oldest first
 
     @property
     def finished_groups(self) -> set[int]:
@@ -43,7 +55,19 @@ class LighthouseView:
             quorum_groups=tuple(status.quorum_groups),
             blocked_reason=status.blocked_reason,
             first_quorum=_first_quorum(status),
+            integrity_drops=_integrity_drops(status),
+            integrity=status.integrity,
+            audit=tuple(status.audit),
         )
+
+
+def _integrity_drops(status: StatusResponse) -> dict[str, tuple[float, str]]:
+    clock = status.clock
+    return {
+        e.group: (max(0.0, clock - e.time) if clock is not None else 0.0, e.reason)
+        for e in status.history
+        if isinstance(e, DroppedEvent) and integrity_reason(e.reason)
+    }
 
 
 def _first_quorum(status: StatusResponse) -> tuple[float, int] | None:

@@ -21,6 +21,12 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("ftjob_reconcile_errors_total", "Reconciles that raised an error.", ["kind"])
 LIGHTHOUSE_CALLS = Counter("ftjob_lighthouse_calls_total", "Calls to job lighthouses.", ["call", "outcome"])
+INTEGRITY_EVICTIONS = Counter(
+    "ftjob_integrity_evictions_total",
+    "Replica groups the lighthouse evicted for integrity and the operator replaced (GradientGuard, ReplicaDivergence).",
+    ["reason"],
+)
+AUDIT_EVENTS = Counter("ftjob_audit_events_total", "Lighthouse audit records mirrored as Events on jobs.", ["kind"])
 IS_LEADER = Gauge("ftjob_operator_leader", "1 while this replica holds the leader Lease.")
 
 # per job (label sets removed when the job's worker stops); the definition: operator/README.md, "Goodput"

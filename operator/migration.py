@@ -45,10 +45,11 @@ def migrate_group(s: JobState, g: GroupState, current: list[PodView], obs: Obser
     a.handover.append((g.index, why))
     g.migrating_from, g.migrating_since = g.generation, obs.now
     g.generation += 1
+    g.generation_since = obs.now
     g.all_pods_seen = False
     g.restarts += 1  # a new generation, but no failure: no budget spent and no back-off
     g.avoid_node, g.avoid_required = node, True
-    g.last_failure = why
+    g.last_failure, g.last_failure_reason = why, REASON_NODE_DEGRADED
     s.restarts_by_reason[REASON_NODE_DEGRADED] = s.restarts_by_reason.get(REASON_NODE_DEGRADED, 0) + 1
     a.restarts.append(REASON_NODE_DEGRADED)
     a.persist_first = True

@@ -65,6 +65,62 @@ class LighthouseSpec:
 
 
 @dataclass(frozen=True)
+class IntegritySpec:
+    """`spec.integrity`: the gradient guard (trainer: refuse a step; lighthouse: evict after maxOffences within
+    windowSeconds) and the replicas' state-digest check every digestEverySteps committed steps (0: off)."""
+
+    guard_enabled: bool = True
+    norm_ratio: float = 100.0
+    max_offences: int = 3
+    window_s: float = 600.0
+    digest_every_steps: int = 100
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> IntegritySpec:
+        """Parse with the CRD's defaults; a bad value (an older CRD let it in) raises ValueError naming the field."""
+        raw = raw or {}
+        guard = raw.get("gradientGuard") or {}
+        where = "spec.integrity.gradientGuard"
+        enabled = guard.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ValueError(f"{where}.enabled must be true or false, got {enabled!r}")
+        return cls(
+            guard_enabled=enabled,
+            norm_ratio=_number(guard, "normRatio", 100.0, where, above=1.0, why="1 or less refuses healthy groups"),
+            max_offences=int(_number(guard, "maxOffences", 3, where, at_least=1, integer=True)),
+            window_s=_number(guard, "windowSeconds", 600, where, at_least=1),
+            digest_every_steps=int(_number(raw, "digestEverySteps", 100, "spec.integrity", at_least=0, integer=True)),
+        )
+
+
+def _number(raw: dict[str, Any], key: str, default: float, where: str, *, above: float | None = None,
+            at_least: float | None = None, integer: bool = False, why: str = "") -> float:  # fmt: skip
+    value = raw.get(key, default)
+    kind = "an integer" if integer else "a number"
+    kind += f" > {above:g}" if above is not None else f" >= {at_least:g}" if at_least is not None else ""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (not integer or float(value).is_integer())
+    ok = ok and (above is None or value > above) and (at_least is None or value >= at_least)
+    if not ok:
+        raise ValueError(f"{where}.{key} must be {kind}, got {value!r}" + (f" ({why})" if why else ""))
+    return float(value)
+
+
+@dataclass(frozen=True)
+class TlsSpec:
+    """`spec.tls`: the lighthouse API and the recovery servers serve TLS with certificates from a per-job CA (the
+    Secret `<job>-tls`). `enabled: false` is plain HTTP, for local development only."""
+
+    enabled: bool = True
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> TlsSpec:
+        enabled = (raw or {}).get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ValueError(f"spec.tls.enabled must be true or false, got {enabled!r}")
+        return cls(enabled=enabled)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     replicas: int
     min_replicas: int
@@ -76,6 +132,8 @@ class JobSpec:
     suspend: bool = False
     ttl_seconds_after_finished: int | None = None
     node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
+    integrity: IntegritySpec = field(default_factory=IntegritySpec)
+    tls: TlsSpec = field(default_factory=TlsSpec)
 
     @property
     def total_groups(self) -> int:
@@ -126,6 +184,8 @@ class JobSpec:
             suspend=bool(spec.get("suspend", False)),
             ttl_seconds_after_finished=None if ttl is None else int(ttl),
             node_health=NodeHealthPolicy.from_dict(spec.get("nodeHealth")),
+            integrity=IntegritySpec.from_dict(spec.get("integrity")),
+            tls=TlsSpec.from_dict(spec.get("tls")),
         )
 
 
@@ -141,6 +201,8 @@ class GroupState:
     not_before: float = 0.0  # back-off: this generation's pods are not created before this time
     failed_at: float | None = None  # when the failure that started this generation was seen (recovery metric)
     last_failure: str = ""
+    last_failure_reason: str = ""  # its reason (ExitCode, GradientGuard, ...): the Recovering condition's reason
+    generation_since: float | None = None  # when this generation was planned: later lighthouse evictions are its own
     all_pods_seen: bool = False  # every pod of this generation was observed once: a missing one was deleted
     # make-before-break: the generation still training on a degrading node while this one starts elsewhere
     migrating_from: int | None = None

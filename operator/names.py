@@ -26,5 +26,17 @@ def token_secret(job: str) -> str:
     return f"{job}-ftjob-token"
 
 
+def tls_secret(job: str) -> str:
+    """The job's CA and its lighthouse and worker certificates (ftjob.contract.pki)."""
+    return f"{job}-tls"
+
+
 def cluster_dns(name: str, namespace: str) -> str:
     return f"{name}.{namespace}.svc.cluster.local"
+
+
+def lighthouse_dns_names(job: str, namespace: str) -> list[str]:
+    """The names the lighthouse's certificate carries: its Service's, fully qualified first (the trainers' URL and
+    the name the operator checks when it calls the lighthouse by pod IP)."""
+    service = lighthouse_service(job)
+    return [cluster_dns(service, namespace), f"{service}.{namespace}.svc", f"{service}.{namespace}", service]

@@ -20,6 +20,7 @@ from ftjob.operator.failures import (
     prune_window,
     terminating_too_long,
 )
+from ftjob.operator.integrity import eviction_of_generation, integrity_failure
 from ftjob.operator.migration import (
     keep_while_migrating,
     migrate_group,
@@ -65,8 +66,8 @@ def plan(job: str, spec: JobSpec, state: JobState, obs: Observed) -> Result:
     lighthouses = [p for p in obs.pods if p.role == contract.ROLE_LIGHTHOUSE]
 
     if s.outcome is None:
-        _suspend_transitions(spec, s, a)
-        _scale(job, spec, s, a)
+        _suspend_transitions(spec, s, a, now)
+        _scale(job, spec, s, a, now)
         _lighthouse(job, spec, s, lighthouses, obs, a)
     if s.outcome is None:
         _completion_start(job, spec, s, workers, obs, a)
@@ -81,12 +82,13 @@ def plan(job: str, spec: JobSpec, state: JobState, obs: Observed) -> Result:
 
 
 # --- pieces -------------------------------------------------------------------------------------------------------
-def _suspend_transitions(spec: JobSpec, s: JobState, a: Actions) -> None:
+def _suspend_transitions(spec: JobSpec, s: JobState, a: Actions, now: float) -> None:
     if spec.suspend and not s.suspended:
         # Bump every generation now, so resume creates fresh pods and never reuses a name still terminating.
         s.suspended = True
         for g in s.groups.values():
             g.generation += 1
+            g.generation_since = now
             g.all_pods_seen = False
             g.failed_at = None
         a.persist_first = True
@@ -97,7 +99,7 @@ def _suspend_transitions(spec: JobSpec, s: JobState, a: Actions) -> None:
         a.events.append(Event("Normal", "Resumed", "spec.suspend is false: recreating worker pods"))
 
 
-def _scale(job: str, spec: JobSpec, s: JobState, a: Actions) -> None:
+def _scale(job: str, spec: JobSpec, s: JobState, a: Actions, now: float) -> None:
     initial = not s.groups
     for idx in sorted(s.groups, reverse=True):
         if idx < spec.total_groups:
@@ -112,7 +114,7 @@ def _scale(job: str, spec: JobSpec, s: JobState, a: Actions) -> None:
         if idx in s.groups:
             continue
         previous = s.retired_generations.pop(idx, None)
-        s.groups[idx] = GroupState(index=idx, generation=0 if previous is None else previous + 1)
+        s.groups[idx] = GroupState(index=idx, generation=0 if previous is None else previous + 1, generation_since=now)
         a.persist_first = True
         if not initial:
             a.events.append(Event("Normal", "ScaledUp", f"added replica group {idx} (spec.replicas={spec.replicas})"))
@@ -180,6 +182,8 @@ def _groups(
         if failure is None and idx in obs.silent_groups and current:
             failure = Failure(REASON_HEARTBEAT_LOST, obs.silent_groups[idx], current[0].name, current[0].node, None,
                               ACTION_RESTART_GROUP, False)  # fmt: skip
+        if (why := eviction_of_generation(g, current, obs.integrity_drops.get(idx))) is not None:
+            failure = integrity_failure(idx, why, current, failure)  # what the lighthouse saw, not its consequence
         if failure is not None:
             if s.completing_since is not None:
                 phases[idx] = PHASE_FAILED  # training is over: a late failure is not replaced
@@ -238,23 +242,25 @@ def _restart_group(
     a: Actions,
 ) -> None:
     now = obs.now
-    a.evict.append((g.index, failure.message))
+    if not failure.evicted_by_lighthouse:
+        a.evict.append((g.index, failure.message))
     for p in current:
         if p.name not in obs.deleting or failure.node_lost:
             a.delete_pods.append((p.name, failure.node_lost or node_is_lost(p.node, obs.node_ready)))
     g.generation += 1
+    g.generation_since = now
     g.all_pods_seen = False
     g.restarts += 1
     if counted:
         g.restart_times.append(now)
         s.total_restarts += 1
     g.avoid_node = failure.node
-    g.avoid_required = failure.node_lost
+    g.avoid_required = failure.node_lost or failure.avoid_strictly
     if failure.node:
         a.failed_nodes.append(failure.node)
     g.not_before = now + delay_s
     g.failed_at = now if g.failed_at is None else g.failed_at
-    g.last_failure = failure.message
+    g.last_failure, g.last_failure_reason = failure.message, failure.reason
     s.restarts_by_reason[failure.reason] = s.restarts_by_reason.get(failure.reason, 0) + 1
     a.restarts.append(failure.reason)
     a.persist_first = True

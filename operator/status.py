@@ -41,6 +41,8 @@ def state_from_status(status: dict[str, Any] | None) -> JobState:
             not_before=parse_time(g.get("notBefore")) or 0.0,
             failed_at=parse_time(g.get("failedAt")),
             last_failure=g.get("lastFailure") or "",
+            last_failure_reason=g.get("lastFailureReason") or "",
+            generation_since=parse_time(g.get("generationSince")),
             all_pods_seen=bool(g.get("allPodsSeen", False)),
             migrating_from=None if g.get("migratingFrom") is None else int(g["migratingFrom"]),
             migrating_since=parse_time(g.get("migratingSince")),
@@ -81,9 +83,11 @@ def build_status(
     create_refused: dict[int, str] | None = None,
     goodput: dict[str, Any] | None = None,
     history: list[dict[str, Any]] | None = None,
+    integrity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`create_refused`: group -> the apiserver's message when it refused to create that group's pods.
-    `goodput`, `history`: from progress.track (None keeps what `previous` had)."""
+    `goodput`, `history`: from progress.track; `integrity`: from integrity.status_integrity (None keeps what
+    `previous` had)."""
     lh_groups = lighthouse.groups if lighthouse else {}
     blockers: dict[int, Blocker] = {}
     groups_out: list[dict[str, Any]] = []
@@ -128,6 +132,8 @@ def build_status(
             "notBefore": format_time(g.not_before, precise=True) if g.not_before else None,
             "failedAt": format_time(g.failed_at, precise=True),
             "lastFailure": g.last_failure or None,
+            "lastFailureReason": g.last_failure_reason or None,
+            "generationSince": format_time(g.generation_since, precise=True),
             "waiting": blocker.line() if blocker else None,
             "allPodsSeen": g.all_pods_seen,
             "migrating": migrating,
@@ -164,7 +170,7 @@ def build_status(
         "completionTime": format_time(state.completion_time),
         "completingSince": format_time(state.completing_since),
     }
-    for key, value in (("goodput", goodput), ("history", history)):
+    for key, value in (("goodput", goodput), ("history", history), ("integrity", integrity)):
         value = value if value is not None else (previous or {}).get(key)
         if value:
             status[key] = value
@@ -249,11 +255,7 @@ def _conditions(
         "Created": (True, "ResourcesCreated", "the lighthouse, Services and worker pods were created"),
         "Running": running_c,
         "Degraded": degraded_c,
-        "Recovering": (
-            bool(recovering),
-            "ReplacingGroups" if recovering else "NoRecovery",
-            f"replica groups being replaced: {recovering}" if recovering else "no replica group is being replaced",
-        ),
+        "Recovering": _recovering(state, recovering),
         "Suspended": (
             state.suspended and state.outcome is None,
             "JobSuspended" if state.suspended else "JobNotSuspended",
@@ -288,3 +290,15 @@ def _conditions(
             }
         )
     return out
+
+
+def _recovering(state: JobState, recovering: list[int]) -> tuple[bool, str, str]:
+    """The Recovering condition: its reason is that of the newest failure being repaired (ExitCode, GradientGuard,
+    ...; ReplacingGroups when a status from before this field left it unknown), its message says what was seen."""
+    if not recovering:
+        return False, "NoRecovery", "no replica group is being replaced"
+    newest = state.groups[max(recovering, key=lambda i: state.groups[i].failed_at or 0.0)]
+    message = f"replica groups being replaced: {recovering}"
+    if newest.last_failure:
+        message += f"; group {newest.index}: {newest.last_failure}"
+    return True, newest.last_failure_reason or "ReplacingGroups", message

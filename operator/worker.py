@@ -16,15 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 from ftjob import contract
+from ftjob.contract import pki, tls
 from ftjob.operator import builders, metrics, names, progress
+from ftjob.operator.audit import AuditMark, AuditMirror
+from ftjob.operator.integrity import INTEGRITY_REASONS, failed_pods, integrity_drops, status_integrity
 from ftjob.operator.kubeapi import KubeApi, api_message
-from ftjob.operator.lighthouse_client import LighthouseClient, base_url
+from ftjob.operator.lighthouse_client import LighthouseClient, LighthouseEndpoint, endpoint
 from ftjob.operator.lighthouse_view import LighthouseView, SilenceWatch
 from ftjob.operator.model import JobSpec, JobState, PodView, parse_time
 from ftjob.operator.node_health import NodeView, degraded_nodes
@@ -65,7 +69,8 @@ class JobWorker:
         self.wake_event = asyncio.Event()
         self.state: JobState | None = None
         self.deleting: set[str] = set()
-        self.token: str | None = None
+        self.token: str | None = None  # set once the job's Secrets exist (and, with TLS, its CA was read: lh_tls)
+        self.lh_tls: ssl.SSLContext | None = None
         self.services_ok: set[str] = set()
         self.pending_starting: set[int] = set()
         self.desired_acked: tuple[str, int, int] | None = None
@@ -73,11 +78,14 @@ class JobWorker:
         self.lh_view: LighthouseView | None = None
         self.lh_polled = 0.0
         self.lh_retry_at = 0.0
-        self.lh_polled_base: str | None = None
+        self.lh_polled_base: LighthouseEndpoint | None = None
         self.lh_view_at = 0.0
+        self.lh_view_generation: int | None = None  # the lighthouse generation that answered lh_view
+        self.failure_polls: set[str] = set()  # failed pods a lighthouse poll was forced for (the eviction's reason)
         self.silence = SilenceWatch()  # groups that left the lighthouse while their pods run
         self.last_status: dict[str, Any] | None = (body.get("status") or None) and dict(body["status"])
         self.last_status_write = 0.0
+        self.audit = AuditMirror(kube, AuditMark.from_status(self.last_status))  # audit records -> Events
         self.task: asyncio.Task[None] | None = None
         self.background: set[asyncio.Task[None]] = set()
 
@@ -146,11 +154,12 @@ class JobWorker:
         present = {p.name for p in pods}
         self.deleting &= present
         now = time.time()
-        await self._poll_lighthouse(pods, now)
+        await self._poll_lighthouse(pods, now, force=self._fresh_failure(pods))
         finished = self.lh_view.finished_groups if self.lh_view else set()
         silent = self._silent_groups(spec, now)
         degraded = degraded_nodes(spec.node_health, self._nodes())
-        obs = Observed(pods, self._node_ready(), set(self.deleting), now, finished, silent, degraded)
+        drops = integrity_drops(self.lh_view.integrity_drops, self.lh_view_at) if self.lh_view else {}
+        obs = Observed(pods, self._node_ready(), set(self.deleting), now, finished, silent, degraded, drops)
         result = plan(self.name, spec, self.state, obs)
         a = result.actions
         lh_base = self._lighthouse_base(pods, self.state)
@@ -164,7 +173,7 @@ class JobWorker:
         for node in a.failed_nodes:
             await self.node_policy.group_failed(node, self.namespace, self.name)
         if self.token is None and result.state.outcome is None:
-            await self._ensure_token()
+            await self._ensure_token(spec)
         self.state = result.state
         if a.persist_first:
             await self._write_status(spec, result, pods, force=True)
@@ -178,6 +187,8 @@ class JobWorker:
             log.info("%s/%s %s: %s", self.namespace, self.name, ev.reason, ev.message)
         for reason in a.restarts:
             metrics.GROUP_RESTARTS.labels(reason).inc()
+            if reason in INTEGRITY_REASONS:
+                metrics.INTEGRITY_EVICTIONS.labels(reason).inc()
         for seconds in a.recovered:
             metrics.RECOVERY_SECONDS.observe(seconds)
         status_wait = await self._write_status(spec, result, pods, force=refusals_changed)
@@ -201,12 +212,19 @@ class JobWorker:
         task.add_done_callback(self.background.discard)
 
     # --- lighthouse -------------------------------------------------------------------------------------------------
-    def _lighthouse_base(self, pods: list[PodView], state: JobState) -> str | None:
+    def _lighthouse_base(self, pods: list[PodView], state: JobState) -> LighthouseEndpoint | None:
         name = names.lighthouse_pod(self.name, state.lighthouse_generation)
         for p in pods:
             if p.name == name and p.ip and p.phase == "Running" and p.deletion_time is None:
-                return base_url(p.ip)
+                return endpoint(p.ip, self.lh_tls, names.lighthouse_dns_names(self.name, self.namespace)[0])
         return None
+
+    def _fresh_failure(self, pods: list[PodView]) -> bool:
+        """A pod of a group's current generation just failed: read the lighthouse now, not up to a poll later, so a
+        trainer that exited because the lighthouse evicted it (gradient guard, divergence) is replaced for that."""
+        failed = failed_pods(pods, self.state) if self.state else set()
+        fresh, self.failure_polls = failed - self.failure_polls, failed
+        return bool(fresh)
 
     def _silent_groups(self, spec: JobSpec, now: float) -> dict[int, str]:
         if self.lh_view is None or self.state is None or now - self.lh_view_at > 3 * LIGHTHOUSE_POLL_S:
@@ -228,8 +246,10 @@ class JobWorker:
                 self.lh_polled_base = base
             self.lh_view = view
             self.lh_view_at = now
+            self.lh_view_generation = self.state.lighthouse_generation
+            await self.audit.mirror(self.body, view.audit, self.state.lighthouse_generation)
 
-    async def _evict(self, base: str | None, a: Actions) -> None:
+    async def _evict(self, base: LighthouseEndpoint | None, a: Actions) -> None:
         if base is None or self.token is None:
             log.info("%s/%s: lighthouse not reachable for eviction of %s", self.namespace, self.name, a.evict)
             return
@@ -243,7 +263,7 @@ class JobWorker:
                 log.info("%s/%s: lighthouse evicted group %s (%s)", self.namespace, self.name, group, reason)
                 self._event("Normal", "LighthouseEvicted", f"the lighthouse dropped replica group {group}: {reason}")
 
-    async def _handover(self, base: str | None, handover: list[tuple[int, str]]) -> None:
+    async def _handover(self, base: LighthouseEndpoint | None, handover: list[tuple[int, str]]) -> None:
         """Before a migrating group's replacement starts: its old generation is to leave at a step boundary."""
         for group, reason in handover:
             ok = base is not None and self.token is not None
@@ -252,7 +272,7 @@ class JobWorker:
             if not ok:  # the replacement still takes over, only less smoothly (the lighthouse drops the old one)
                 log.warning("%s/%s: lighthouse not told of group %s's hand-over", self.namespace, self.name, group)
 
-    async def _tell_lighthouse(self, base: str | None, spec: JobSpec, result: Result) -> bool:
+    async def _tell_lighthouse(self, base: LighthouseEndpoint | None, spec: JobSpec, result: Result) -> bool:
         """Starting groups and the desired contributor count; True when something must be retried."""
         state = result.state
         if state.outcome is not None:
@@ -284,8 +304,16 @@ class JobWorker:
         return retry
 
     # --- kubernetes -------------------------------------------------------------------------------------------------
-    async def _ensure_token(self) -> None:
+    async def _ensure_token(self, spec: JobSpec) -> None:
+        """The job's token Secret and, with TLS, its TLS Secret (created once, before any pod mounts them) and the
+        client context verifying its lighthouse; the token is set only when both are ready."""
         await self.kube.create(self._owned(builders.token_secret(self.name, self.namespace)))
+        if spec.tls.enabled:
+            await self.kube.create(self._owned(builders.tls_secret(self.name, self.namespace)))
+            ca = await self.kube.read_secret_value(self.namespace, names.tls_secret(self.name), pki.CA_CERT)
+            if ca is None:
+                return
+            self.lh_tls = tls.client_context(ca_data=ca)
         self.token = await self.kube.read_secret_value(
             self.namespace, names.token_secret(self.name), contract.TOKEN_SECRET_KEY
         )
@@ -380,6 +408,12 @@ class JobWorker:
             create_refused=dict(self.create_refused),
             goodput=prog.goodput,
             history=prog.history,
+            integrity=status_integrity(
+                (self.last_status or {}).get("integrity"),
+                self.lh_view.integrity if self.lh_view else None,
+                self.lh_view_generation,
+                self.audit.mark.seq,
+            ),
         )
         if status == self.last_status:
             return None

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.client
 import json
 import os
 import shlex
+import ssl
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # demo_timeline sits n
 
 from demo_timeline import Timeline, plot
 from ftjob import contract
+from ftjob.contract import pki
 from ftjob.contract.lighthouse_api import StatusResponse
+from ftjob.contract.tls import NamedHTTPSConnection, client_context
 from ftjob.operator import names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,6 +149,8 @@ class Watcher:
         self.groups: dict[int, tuple[str, int]] = {}
         self.quorum: list[str] | None = None
         self.token: str | None = None
+        self.tls: ssl.SSLContext | None = None
+        self.tls_enabled = True  # the job's spec.tls.enabled (read with the job)
         self.last_table = 0.0
 
     def t(self) -> float:
@@ -159,6 +164,7 @@ class Watcher:
         except (ApiException, OSError) as e:
             say(f"(could not read the job: {e})")
             return None
+        self.tls_enabled = ((obj.get("spec") or {}).get("tls") or {}).get("enabled", True)
         status = obj.get("status") or {}
         for c in status.get("conditions") or []:
             now = (c.get("status", ""), c.get("reason", ""))
@@ -189,29 +195,47 @@ class Watcher:
             flush=True,
         )
 
+    def _secret(self, name: str, key: str) -> str | None:
+        try:
+            secret = self.core.read_namespaced_secret(name, self.ns)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        raw = (secret.data or {}).get(key)
+        return base64.b64decode(raw).decode() if raw else None
+
     def lighthouse_status(self) -> StatusResponse | None:
-        """GET /v1/status from the lighthouse pod (pod IPs are reachable from this host), with the job's token."""
+        """GET /v1/status from the lighthouse pod (pod IPs are reachable from this host), with the job's token; for
+        a TLS job (the default) verified, as the operator does, against the job's CA and the Service's name."""
         try:
             if self.token is None:
-                secret = self.core.read_namespaced_secret(names.token_secret(self.job), self.ns)
-                raw = (secret.data or {}).get(contract.TOKEN_SECRET_KEY)
-                self.token = base64.b64decode(raw).decode() if raw else None
+                self.token = self._secret(names.token_secret(self.job), contract.TOKEN_SECRET_KEY)
+            if self.tls is None and self.tls_enabled:  # the operator creates it just after the token's
+                ca = self._secret(names.tls_secret(self.job), pki.CA_CERT)
+                self.tls = client_context(ca_data=ca) if ca else None
             selector = f"{contract.LABEL_JOB}={self.job},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
             pods = self.core.list_namespaced_pod(self.ns, label_selector=selector).items
         except (ApiException, OSError):
             return None  # not created yet
         ips = [p.status.pod_ip for p in pods if p.status.phase == "Running" and p.status.pod_ip]
-        if not self.token or not ips:
+        if not self.token or not ips or (self.tls_enabled and self.tls is None):
             return None
-        req = urllib.request.Request(
-            f"http://{ips[0]}:{contract.LIGHTHOUSE_PORT}{contract.PATH_STATUS}",
-            headers={"Authorization": f"Bearer {self.token}"},
-        )
+        if self.tls is None:
+            conn = http.client.HTTPConnection(ips[0], contract.LIGHTHOUSE_PORT, timeout=2)
+        else:
+            server_name = names.lighthouse_dns_names(self.job, self.ns)[0]
+            conn = NamedHTTPSConnection(ips[0], contract.LIGHTHOUSE_PORT, context=self.tls, server_name=server_name,
+                                        timeout=2)  # fmt: skip
         try:
-            with urllib.request.urlopen(req, timeout=2) as resp:
-                return StatusResponse.model_validate_json(resp.read())
-        except (OSError, ValueError):
+            conn.request("GET", contract.PATH_STATUS, headers={"Authorization": f"Bearer {self.token}"})
+            resp = conn.getresponse()
+            body = resp.read()
+            return StatusResponse.model_validate_json(body) if resp.status == 200 else None
+        except (OSError, ValueError, http.client.HTTPException):
             return None  # between lighthouse restarts: the job status still tells the story
+        finally:
+            conn.close()
 
 
 def is_true(obj: dict[str, Any] | None, cond: str) -> bool:

@@ -67,7 +67,20 @@ def header(job: dict[str, Any], now: float) -> list[str]:
     q = status.get("quorum") or {}
     lines.append(f"Quorum:    id {_s(q.get('id'))}   size {_s(q.get('size'))}   committed step {_s(q.get('step'))}")
     lines.append(goodput_line(status.get("goodput")))
+    if status.get("integrity"):
+        lines.append(integrity_line(status["integrity"]))
     return lines
+
+
+def integrity_line(integrity: dict[str, Any]) -> str:
+    """The gradient guard's and the digest check's counts (status.integrity)."""
+    line = (
+        f"Integrity: guard refused {_s(integrity.get('guardOffences'))}, evicted {_s(integrity.get('guardEvictions'))}"
+        f"   divergences {_s(integrity.get('divergences'))}   digests compared {_s(integrity.get('digestsCompared'))}"
+    )
+    if integrity.get("lastComparedStep") is not None:
+        line += f" (last at step {integrity['lastComparedStep']})"
+    return line
 
 
 def goodput_line(goodput: dict[str, Any] | None) -> str:

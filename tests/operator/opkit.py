@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import os
 import signal
@@ -14,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ftjob import contract
+from ftjob.contract import pki
 from ftjob.contract.lighthouse_api import DroppedEvent, StatusResponse
+from ftjob.contract.tls import NamedHTTPSConnection, client_context
+from ftjob.operator import names
 from helpers import REPO, TRAINER_IMAGE, container_pids, wait_for
 from kubernetes import client
 
@@ -24,8 +29,10 @@ OPERATOR = Path(sys.executable).parent / "ftjob-operator"
 # A stand-in for a replica group that is not about training: rank 0 heartbeats to the real lighthouse (so the
 # lighthouse knows the group and can be seen evicting it); every rank then idles until killed.
 HEARTBEATER = r"""
-import json, os, sys, time, urllib.request, uuid
+import json, os, ssl, sys, time, urllib.request, uuid
 env = os.environ
+# a TLS job (the default): the lighthouse is verified against the job's CA, mounted at FTJOB_TLS_CA_FILE
+ctx = ssl.create_default_context(cafile=env["FTJOB_TLS_CA_FILE"]) if env.get("FTJOB_TLS_CA_FILE") else None
 print("group", env["FTJOB_REPLICA_GROUP"], "rank", env["RANK"], "of", env["WORLD_SIZE"],
       "master", env["MASTER_ADDR"], "advertise", env["FTJOB_ADVERTISE_ADDR"], flush=True)
 if env["RANK"] != "0":
@@ -36,7 +43,7 @@ body = json.dumps({"group": env["FTJOB_REPLICA_GROUP"], "incarnation": uuid.uuid
 headers = {"Authorization": "Bearer " + env["FTJOB_TOKEN"], "Content-Type": "application/json"}
 while True:
     try:
-        urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=2).read()
+        urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=2, context=ctx).read()
     except Exception as e:
         print("heartbeat:", e, flush=True)
     time.sleep(0.5)
@@ -183,19 +190,45 @@ def lighthouse_pod(core: client.CoreV1Api, ns: str, job: str) -> client.V1Pod:
     return pods[0]
 
 
+def secret_value(core: client.CoreV1Api, ns: str, name: str, key: str) -> str | None:
+    """A key of a Secret, decoded; None when the Secret does not exist."""
+    try:
+        secret = core.read_namespaced_secret(name, ns)
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    raw = (secret.data or {}).get(key)
+    return base64.b64decode(raw).decode() if raw else None
+
+
+def lighthouse_connection(core: client.CoreV1Api, ns: str, job: str, ip: str, timeout: float = 3
+                          ) -> http.client.HTTPConnection:  # fmt: skip
+    """A connection to the job's lighthouse at pod IP ``ip``, as the operator makes it: for a TLS job (its Secret
+    <job>-tls exists) verified against the job's CA and the lighthouse Service's DNS name; else plain HTTP."""
+    ca = secret_value(core, ns, names.tls_secret(job), pki.CA_CERT)
+    if ca is None:
+        return http.client.HTTPConnection(ip, contract.LIGHTHOUSE_PORT, timeout=timeout)
+    server_name = names.lighthouse_dns_names(job, ns)[0]
+    return NamedHTTPSConnection(ip, contract.LIGHTHOUSE_PORT, context=client_context(ca_data=ca),
+                                server_name=server_name, timeout=timeout)  # fmt: skip
+
+
 def lighthouse_status(core: client.CoreV1Api, ns: str, job: str) -> StatusResponse:
     """GET /v1/status from the job's lighthouse, by pod IP (the test host reaches pod IPs), with the job's token."""
-    import base64
-
-    pods = [lighthouse_pod(core, ns, job)]
-    secret = core.read_namespaced_secret(f"{job}-ftjob-token", ns)
-    token = base64.b64decode(secret.data[contract.TOKEN_SECRET_KEY]).decode()
-    req = urllib.request.Request(
-        f"http://{pods[0].status.pod_ip}:{contract.LIGHTHOUSE_PORT}{contract.PATH_STATUS}",
-        headers={"Authorization": f"Bearer {token}"},
-    )
-    with urllib.request.urlopen(req, timeout=3) as r:
-        return StatusResponse.model_validate_json(r.read())
+    pod = lighthouse_pod(core, ns, job)
+    token = secret_value(core, ns, names.token_secret(job), contract.TOKEN_SECRET_KEY)
+    conn = lighthouse_connection(core, ns, job, pod.status.pod_ip)
+    try:
+        conn.request("GET", contract.PATH_STATUS, headers={"Authorization": f"Bearer {token}"})
+        resp = conn.getresponse()
+        body = resp.read()
+        assert resp.status == 200, f"lighthouse status answered {resp.status}: {body[:300]!r}"
+        return StatusResponse.model_validate_json(body)
+    except http.client.HTTPException as e:  # callers retry on OSError, as for a refused connection
+        raise OSError(f"lighthouse status: {e!r}") from e
+    finally:
+        conn.close()
 
 
 def kill_pod_processes(pod: client.V1Pod) -> int:

@@ -47,7 +47,7 @@ def test_worker_pod_carries_identity_dns_contract_env_and_user_template():
     assert env["RANK"]["value"] == "1", "the contract must win over the template"
     assert env["MINE"]["value"] == "1" and env["WORLD_SIZE"]["value"] == "2"
     assert env[contract.ENV_MASTER_ADDR]["value"] == "demo-g2-3-r0.demo-g2.ns.svc.cluster.local"
-    assert env[contract.ENV_LIGHTHOUSE_URL]["value"] == "http://demo-lighthouse.ns.svc.cluster.local:29510"
+    assert env[contract.ENV_LIGHTHOUSE_URL]["value"] == "https://demo-lighthouse.ns.svc.cluster.local:29510"
     assert env[contract.ENV_TOKEN]["valueFrom"]["secretKeyRef"] == {"name": "demo-ftjob-token", "key": "token"}
     assert (
         pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"

@@ -68,7 +68,13 @@ class GuardOffence(Request):
 
 
 class GuardVerdict(Request):
-    """A step that failed the guard: nothing committed anywhere; the offenders are named."""
+    """A step that failed the guard: nothing committed anywhere; the offenders are named.
+
+    The lighthouse counts an offence (offender, quorum_id) once, when at least half (rounded up) of that quorum's
+    groups reported it; FTJOB_GUARD_MAX_OFFENCES of one incarnation within FTJOB_GUARD_WINDOW_S evict it
+    ("gradient_guard: ..."). Refused with 400 (the whole request): an offender named twice, ``quorum_id`` above the
+    request's. Ignored and audited, the request served: a quorum the lighthouse does not know (it restarted since),
+    a reporter or offender that was not in that quorum."""
 
     quorum_id: Annotated[int, Field(ge=0)]
     step: Count
@@ -77,7 +83,11 @@ class GuardVerdict(Request):
 
 class StateDigest(Request):
     """A digest of a group's whole registered state (parameters, optimizer, data position) as committed at ``step``:
-    replicas that commit through one quorum are bitwise identical, so a different digest is a fault."""
+    replicas that commit through one quorum are bitwise identical, so a different digest is a fault.
+
+    The lighthouse compares a step's digests once every group that committed it (and is still a member) sent one, or
+    at the first quorum past that step; a strict majority (>= 2 alike, more than half) wins and each other group is
+    evicted ("divergent: ..."); with none, nobody is. ``step`` above the request's own ``step`` is refused with 400."""
 
     step: Count
     digest: Digest
@@ -284,7 +294,8 @@ AuditKind = Literal["join", "leave", "evict", "refused", "guard", "divergence"]
 
 class AuditRecord(Answer):
     """One line of the lighthouse's audit trail (also written to its log as JSON): a membership change, a refused
-    request, or a guard / divergence verdict."""
+    request, or a guard / divergence verdict. Refusals of one kind from one peer are folded to one line per 5 s
+    whose outcome counts the rest ("refused 401 (x37 more from 10.0.0.9 in the last 5s)")."""
 
     seq: int  # increasing from 1 in this lighthouse's life
     time: float  # the lighthouse's clock (as history's)
