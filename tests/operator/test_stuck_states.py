@@ -54,7 +54,9 @@ def test_the_opt_in_scheduling_deadline_fails_the_job_with_the_schedulers_words(
     failed = condition(job, "Failed")
     assert failed["reason"] == "Unschedulable", failed
     assert "unschedulableTimeoutSeconds=5" in failed["message"] and "Insufficient cpu" in failed["message"], failed
-    assert any("Insufficient cpu" in m for m in _event_messages(kube, namespace, "Failed")), "no Failed Event"
+    # the Event follows the status write in the same reconcile: poll for it
+    wait_for(lambda: any("Insufficient cpu" in m for m in _event_messages(kube, namespace, "Failed")), 30,
+             "a Failed Event naming the scheduler's words")  # fmt: skip
 
 
 def test_an_image_that_cannot_be_pulled_is_named_with_the_kubelets_reason(kube, namespace, operators):
