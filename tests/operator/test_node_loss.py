@@ -4,10 +4,18 @@ operator replaces only the group on that node, on another node, and does not lea
 from __future__ import annotations
 
 import pytest
+from ftjob import contract
 from helpers import cluster, wait_for
-from opkit import create_job, get_job, job_manifest, lighthouse_pod, patch_job, running_groups, set_unschedulable
+from kubernetes import client
+from opkit import create_job, get_job, job_manifest, patch_job, running_groups, set_unschedulable
 
 pytestmark = pytest.mark.cluster
+
+
+def lighthouse_scheduled(core: client.CoreV1Api, ns: str, job: str) -> client.V1Pod | None:
+    sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
+    pods = [p for p in core.list_namespaced_pod(ns, label_selector=sel).items if p.spec.node_name]
+    return pods[0] if len(pods) == 1 else None
 
 
 def test_lost_node_replaces_only_its_group_elsewhere(kube, namespace, operators, two_nodes):
@@ -17,7 +25,9 @@ def test_lost_node_replaces_only_its_group_elsewhere(kube, namespace, operators,
     set_unschedulable(kube.core, node_b, True)
     create_job(kube.custom, namespace, job_manifest("nl", replicas=1))
     wait_for(lambda: len(running_groups(kube.core, namespace, "nl")) == 1, 120, "group 0 running")
-    assert lighthouse_pod(kube.core, namespace, "nl").spec.node_name == node_a
+    # The lighthouse starts beside group 0, not before it: wait for it too (it is on node A once scheduled).
+    lighthouse = wait_for(lambda: lighthouse_scheduled(kube.core, namespace, "nl"), 120, "the lighthouse scheduled")
+    assert lighthouse.spec.node_name == node_a
     set_unschedulable(kube.core, node_a, True)
     set_unschedulable(kube.core, node_b, False)
     patch_job(kube.custom, namespace, "nl", {"spec": {"replicas": 2}})
