@@ -27,7 +27,7 @@ EVENTS = {
     "join": ("Normal", "LighthouseGroupJoined"),
     "leave": ("Normal", "LighthouseGroupLeft"),
 }
-INTEGRITY_WORDS = ("gradient_guard", "divergent")
+INTEGRITY_WORDS = ("gradient_guard", "divergent", "stalled")  # evictions worth a Warning
 
 
 @dataclass(frozen=True)

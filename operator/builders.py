@@ -239,6 +239,8 @@ def lighthouse_pod(
         {"name": contract.ENV_LIGHTHOUSE_BIND, "value": f"0.0.0.0:{contract.LIGHTHOUSE_PORT}"},
         {"name": contract.ENV_JOIN_TIMEOUT_S, "value": f"{lh.join_timeout_s:g}"},
         {"name": contract.ENV_HEARTBEAT_TIMEOUT_S, "value": f"{lh.heartbeat_timeout_s:g}"},
+        {"name": contract.ENV_STALL_FACTOR, "value": f"{lh.stall_factor:g}"},
+        {"name": contract.ENV_STALL_FLOOR_S, "value": f"{lh.stall_floor_s:g}"},
         {"name": contract.ENV_MIN_REPLICAS, "value": str(spec.min_replicas)},
         {"name": contract.ENV_REPLICAS, "value": str(spec.replicas)},
         {"name": contract.ENV_GROUPS, "value": str(spec.total_groups)},

@@ -29,6 +29,7 @@ REASON_HEARTBEAT_LOST = "HeartbeatLost"  # pods run, but the group left the ligh
 # digest that differs from the majority's
 REASON_GRADIENT_GUARD = "GradientGuard"
 REASON_REPLICA_DIVERGENCE = "ReplicaDivergence"
+REASON_STALLED = "Stalled"  # the lighthouse saw the group stop making progress while the others waited for it
 
 # A pod still Terminating this long after its deletionTimestamp (grace already included) is force-deleted:
 # its node is not going to confirm the deletion.

@@ -14,13 +14,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ftjob.contract.lighthouse_api import IntegrityStatus
-from ftjob.operator.failures import REASON_GRADIENT_GUARD, REASON_REPLICA_DIVERGENCE, Failure
+from ftjob.operator.failures import REASON_GRADIENT_GUARD, REASON_REPLICA_DIVERGENCE, REASON_STALLED, Failure
 from ftjob.operator.model import ACTION_RESTART_GROUP, GroupState, JobState, PodView
 
 EVICTED = "evicted: "
 # the lighthouse's eviction reasons (ftjob.lighthouse) -> the operator's failure reasons
-VERDICTS = {"gradient_guard": REASON_GRADIENT_GUARD, "divergent": REASON_REPLICA_DIVERGENCE}
-INTEGRITY_REASONS = frozenset(VERDICTS.values())
+# (a "stalled" group, ftjob.lighthouse.stall, is replaced the same way, but it is no integrity verdict: its node is
+# avoided only as any failed group's is, and it is not counted as an integrity eviction)
+VERDICTS = {"gradient_guard": REASON_GRADIENT_GUARD, "divergent": REASON_REPLICA_DIVERGENCE, "stalled": REASON_STALLED}
+INTEGRITY_REASONS = frozenset({REASON_GRADIENT_GUARD, REASON_REPLICA_DIVERGENCE})
 COUNTERS = ("guardOffences", "guardEvictions", "divergences", "digestsCompared")
 
 
@@ -57,7 +59,7 @@ def integrity_failure(group: int, why: str, current: list[PodView], seen: Failur
         message += f" (its rank-{pod.rank or 0} pod ran on node {pod.node})"
     node_lost = seen.node_lost if seen is not None else False
     return Failure(reason, message, pod.name, pod.node, None, ACTION_RESTART_GROUP, node_lost,
-                   avoid_strictly=True, evicted_by_lighthouse=True)  # fmt: skip
+                   avoid_strictly=reason in INTEGRITY_REASONS, evicted_by_lighthouse=True)  # fmt: skip
 
 
 def failed_pods(pods: list[PodView], state: JobState) -> set[str]:

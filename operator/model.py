@@ -62,6 +62,8 @@ class LighthouseSpec:
     resources: dict[str, Any] = field(default_factory=dict)
     join_timeout_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
+    stall_factor: float = 3.0  # progress-based stall rule (ftjob.lighthouse.stall)
+    stall_floor_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,8 @@ class JobSpec:
                 resources=copy.deepcopy(lh.get("resources") or {}),
                 join_timeout_s=float(lh.get("joinTimeoutSeconds", 1)),
                 heartbeat_timeout_s=float(lh.get("heartbeatTimeoutSeconds", 5)),
+                stall_factor=float(lh.get("stallFactor", 3)),
+                stall_floor_s=float(lh.get("stallFloorSeconds", 1)),
             ),
             suspend=bool(spec.get("suspend", False)),
             ttl_seconds_after_finished=None if ttl is None else int(ttl),

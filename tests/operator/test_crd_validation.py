@@ -73,6 +73,8 @@ INVALID: list[tuple[str, Mutation, list[str]]] = [
      ["spec.failurePolicy.rules[0].onExitCodes.values[1]", "Duplicate value"]),
     ("heartbeat-timeout-zero", _set("spec.lighthouse.heartbeatTimeoutSeconds", 0),
      ["lighthouse.heartbeatTimeoutSeconds must be > 0"]),
+    ("stall-factor-negative", _set("spec.lighthouse.stallFactor", -1), ["lighthouse.stallFactor must be >= 0"]),
+    ("stall-floor-zero", _set("spec.lighthouse.stallFloorSeconds", 0), ["lighthouse.stallFloorSeconds must be > 0"]),
     ("negative-ttl", _set("spec.ttlSecondsAfterFinished", -1), ["spec.ttlSecondsAfterFinished"]),
     ("name-too-long", _set("metadata.name", "a" * 41), ["metadata.name must be at most 40 characters"]),
     ("missing-template", lambda m: m["spec"].pop("template"), ["spec.template", "Required value"]),
@@ -100,6 +102,7 @@ def test_defaults_are_applied_and_pods_per_replica_is_immutable(kube, crd, names
     assert spec["podsPerReplica"] == 1 and spec["spareReplicas"] == 0 and spec["suspend"] is False
     assert spec["failurePolicy"]["maxRestartsPerGroup"] == 3 and spec["failurePolicy"]["backoff"]["maxSeconds"] == 60
     assert spec["lighthouse"]["heartbeatTimeoutSeconds"] == 5
+    assert (spec["lighthouse"]["stallFactor"], spec["lighthouse"]["stallFloorSeconds"]) == (3, 1)
     with pytest.raises(client.ApiException) as err:
         patch_job(kube.custom, namespace, "ok", {"spec": {"podsPerReplica": 4}})
     assert err.value.status == 422 and "spec.podsPerReplica is immutable" in json.loads(err.value.body)["message"]

@@ -258,3 +258,25 @@ def test_integrity_counters_add_up_over_lighthouse_restarts():
     assert (s1b["guardOffences"], s1b["digestsCompared"], s1b["lastComparedStep"]) == (5, 15, 80)
     screen = "\n".join(header({"metadata": {"name": JOB}, "status": {"integrity": s1b}}, NOW))
     assert "Integrity: guard refused 5, evicted 1   divergences 1   digests compared 15 (last at step 80)" in screen
+
+
+def test_a_stalled_group_is_replaced_at_once_as_stalled_and_its_node_only_preferred_against():
+    s = spec()
+    state = steady(s)
+    pods = healthy_job(s)
+    pods[pods.index(worker(1, 0))] = worker(1, 0, node="node-2")
+    stalled = "evicted: stalled: no progress for 1.05s (limit 1.00s) while 2 other group(s) wait"
+    assert integrity_reason(stalled) == "Stalled"
+    r = run(s, state, pods, NOW + 30, {1: (NOW + 29, stalled)})
+    g = r.state.groups[1]
+    assert r.state.restarts_by_reason == {"Stalled": 1} and r.actions.restarts == ["Stalled"]
+    assert g.generation == 1 and "no progress for 1.05s" in g.last_failure
+    assert (g.avoid_node, g.avoid_required) == ("node-2", False), "a hang is no integrity verdict: soft avoidance"
+
+
+def test_the_stall_rule_settings_reach_the_lighthouse_pod():
+    lh = env_of(builders.lighthouse_pod(JOB, "ns", spec(), 0)["spec"]["containers"][0])
+    assert (lh[contract.ENV_STALL_FACTOR], lh[contract.ENV_STALL_FLOOR_S]) == ("3", "1"), "the CRD's defaults"
+    tuned = spec(lighthouse={"stallFactor": 0, "stallFloorSeconds": 2.5})
+    lh = env_of(builders.lighthouse_pod(JOB, "ns", tuned, 0)["spec"]["containers"][0])
+    assert (lh[contract.ENV_STALL_FACTOR], lh[contract.ENV_STALL_FLOOR_S]) == ("0", "2.5")

@@ -93,6 +93,11 @@ ENV_RESTORE_STEP = "FTJOB_RESTORE_STEP"
 ENV_RESTORE_WINDOW_S = "FTJOB_RESTORE_WINDOW_S"
 ENV_GUARD_MAX_OFFENCES = "FTJOB_GUARD_MAX_OFFENCES"  # a group refused by the guard this often ...
 ENV_GUARD_WINDOW_S = "FTJOB_GUARD_WINDOW_S"  # ... within this many seconds is evicted (its node then avoided)
+# Progress-based stall detection (lighthouse side): a member whose progress has not moved for
+# max(FLOOR, FACTOR x the median step time) while every other member of the quorum waits in the step's collective
+# is evicted as "stalled" (well before the heartbeat timeout). FACTOR 0 turns the rule off.
+ENV_STALL_FACTOR = "FTJOB_STALL_FACTOR"
+ENV_STALL_FLOOR_S = "FTJOB_STALL_FLOOR_S"
 ENV_AUDIT_FILE = "FTJOB_AUDIT_FILE"  # optional: the audit trail's JSON lines also go to this file (always to stderr)
 
 # --- Lighthouse API paths ---------------------------------------------------------------------------------------

@@ -174,6 +174,8 @@ class HeartbeatRequest(Request):
     rank: Annotated[int, Field(ge=0, lt=MAX_RANKS)] = 0  # only rank 0's heartbeats count
     finished: bool = False  # this group trained its last step
     param_digest: Digest | None = None  # sha256 of its final parameters (with finished)
+    progress: Count = 0  # bumped at every protocol point of the step (the group's slowest rank): a hang stops it
+    waiting: bool = False  # every rank of the group is blocked in the step's cross-group collective
 
 
 class HeartbeatResponse(Answer):
@@ -197,6 +199,8 @@ class WatchHeartbeat(Request):
     step: Count
     finished: bool = False
     param_digest: Digest | None = None
+    progress: Count = 0  # as in HeartbeatRequest
+    waiting: bool = False
 
 
 class AbortSignal(Answer):

@@ -107,6 +107,8 @@ class LighthouseClient:
         self.abort_below = 0
         self.evicted = False
         self.step = 0
+        self.progress = 0  # the training thread bumps it at every protocol point (stall detection)
+        self.waiting = False  # the training thread is blocked in the step's cross-group collective
         self._headers = {"Authorization": f"Bearer {token}"}
         self._interval = heartbeat_interval_s
         self._on_abort = on_abort
@@ -188,6 +190,8 @@ class LighthouseClient:
             rank=self.rank,
             finished=finished,
             param_digest=param_digest,
+            progress=self.progress,
+            waiting=self.waiting,
         )
         return self.post(contract.PATH_HEARTBEAT, beat, HeartbeatResponse, timeout_s)
 
@@ -342,7 +346,8 @@ class LighthouseClient:
 
     async def _send_heartbeats(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         while not ws.closed:
-            await ws.send_str(WatchHeartbeat(step=self.step).model_dump_json())
+            beat = WatchHeartbeat(step=self.step, progress=self.progress, waiting=self.waiting)
+            await ws.send_str(beat.model_dump_json())
             await asyncio.sleep(self._interval)
 
     def _handle_push(self, signal: AbortSignal) -> None:

@@ -227,6 +227,7 @@ class Manager:
             raise QuorumUnavailable(f"group {self.cfg.group}: {answer.error}")
         q = answer.quorum
         self._quorum_id = self._inflight = q.quorum_id
+        self._client.progress += 1
         self.metrics["quorums"] += 1
         if q.serve_recovery:  # a healer copies from us: snapshot now, at the step boundary; served aside
             self._publish()
@@ -329,9 +330,13 @@ class Manager:
             return  # no process group for this quorum: nothing to take part in
         # A step that already failed (e.g. its heal) still takes part, sending zeros, so its peers are not left
         # waiting for a collective timeout; its own result is discarded by should_commit().
-        error = self._grads.allreduce(
-            params, info.num_contributors, info.contributing, self._step_error is not None, self._should_abort
-        )
+        self._client.waiting, self._client.progress = True, self._client.progress + 1  # seen by stall detection
+        try:
+            error = self._grads.allreduce(
+                params, info.num_contributors, info.contributing, self._step_error is not None, self._should_abort
+            )
+        finally:
+            self._client.waiting, self._client.progress = False, self._client.progress + 1
         if error is not None:
             self.metrics["aborted_collectives"] += 1
             self._fail(error, "collective")

@@ -20,6 +20,7 @@ from ftjob.lighthouse.audit import configure_audit_logging
 from ftjob.lighthouse.integrity import DEFAULT_MAX_OFFENCES, DEFAULT_WINDOW_S, IntegrityChecks
 from ftjob.lighthouse.quorum import QuorumCore
 from ftjob.lighthouse.server import LighthouseServer
+from ftjob.lighthouse.stall import DEFAULT_FACTOR, DEFAULT_FLOOR_S, StallRule
 from ftjob.lighthouse.state import load_state
 
 log = logging.getLogger("ftjob.lighthouse")
@@ -130,6 +131,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"seconds in which --guard-max-offences offences evict a group (env {contract.ENV_GUARD_WINDOW_S})",
     )
     a(
+        "--stall-factor",
+        type=_bounded(float, 0, False, contract.ENV_STALL_FACTOR),
+        default=env.get(contract.ENV_STALL_FACTOR) or f"{DEFAULT_FACTOR:g}",
+        help=f"evict a member whose progress stopped for max(--stall-floor-s, this x the median step) while every "
+        f"other member waits in the step's collective; 0: off (env {contract.ENV_STALL_FACTOR})",
+    )
+    a(
+        "--stall-floor-s",
+        type=_bounded(float, 0, True, contract.ENV_STALL_FLOOR_S),
+        default=env.get(contract.ENV_STALL_FLOOR_S) or f"{DEFAULT_FLOOR_S:g}",
+        help=f"the stall rule never fires sooner than this many seconds (env {contract.ENV_STALL_FLOOR_S})",
+    )
+    a(
         "--audit-file",
         default=env.get(contract.ENV_AUDIT_FILE) or None,
         help=f"also append the audit trail's JSON lines to this file; they always go to stderr "
@@ -194,6 +208,7 @@ def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
         quorum_id=max(saved.quorum_id, args.restore_quorum_id),
         committed_step=max(saved.committed_step, args.restore_step),
         step_floor_until=time.monotonic() + args.restore_window if restored_floor else None,
+        stall=StallRule(args.stall_factor, args.stall_floor_s),
     )
     if args.replicas is not None:
         core.set_desired(args.replicas, args.groups)

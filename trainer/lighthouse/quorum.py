@@ -32,6 +32,7 @@ from ftjob.contract.lighthouse_api import (
     StatusResponse,
 )
 from ftjob.lighthouse.handover import Handovers
+from ftjob.lighthouse.stall import StallRule
 
 log = logging.getLogger("ftjob.lighthouse")
 
@@ -64,6 +65,9 @@ class Member:
     healing: bool = False
     contributing: bool = False
     fresh: bool = False  # started from scratch, state not yet synced with the job's
+    progress: int = 0  # the group's progress counter, and since when it holds this value (ftjob.lighthouse.stall)
+    progress_at: float = 0.0
+    waiting: bool = False  # blocked in the step's cross-group collective
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class QuorumCore:
         committed_step: int = 0,
         history_len: int = 200,
         step_floor_until: float | None = None,
+        stall: StallRule | None = None,
     ) -> None:
         if min_replicas < 1:
             raise ValueError(f"min_replicas must be >= 1, got {min_replicas}")
@@ -106,6 +111,7 @@ class QuorumCore:
         # A floor restored from the operator's records (a new lighthouse pod) holds only until this time, unless a
         # quorum confirms it first: when no surviving group holds that step any more, training goes on from the best.
         self.step_floor_until = step_floor_until
+        self.stall = stall if stall is not None else StallRule()  # progress-based eviction of a frozen member
         self.abort_below = 0  # in-flight quorums with an id below this must abort their collectives
         self.desired: int | None = None  # contributing groups wanted; None = every up-to-date member
         self.group_limit: int | None = None  # group ids the operator created are below this; None = unbounded
@@ -172,10 +178,12 @@ class QuorumCore:
         return member
 
     def heartbeat(
-        self, group: str, incarnation: str, step: int, now: float, finished: bool = False, digest: str | None = None
-    ) -> None:
+        self, group: str, incarnation: str, step: int, now: float, finished: bool = False, digest: str | None = None,
+        progress: int = 0, waiting: bool = False,
+    ) -> None:  # fmt: skip
         member = self._touch(group, incarnation, now)
         member.step = max(member.step, step)
+        self.stall.beat(member, progress, waiting, now)
         if finished and not member.finished:
             member.finished = True
             self._handovers.quiet.pop(group, None)
@@ -202,6 +210,8 @@ class QuorumCore:
             if until <= now:
                 del self._starting[group]
         self._handovers.expire(now)
+        for group, why in self.stall.stalled(self.members, self._prev, now):
+            dropped += self.evict([group], f"stalled: {why}", now)
         return dropped
 
     def disconnected(self, group: str, incarnation: str, now: float) -> bool:
@@ -420,6 +430,7 @@ class QuorumCore:
             )
             self._set_asking(member, False)
             member.commit_failures = 0
+            member.waiting, member.progress_at = False, now  # a new step starts now (ftjob.lighthouse.stall)
         if changed:
             self.history.append(QuorumEvent(time=now, quorum_id=self.quorum_id, groups=list(keys), step=max_step))
         self._prev = keys
@@ -430,6 +441,7 @@ class QuorumCore:
         self._join_deadline = None
         self.committed_step = max(self.committed_step, max_step)
         self.blocked_reason = ""
+        self.stall.formed(now)
         return Formed(self.quorum_id, max_step, tuple(keys), changed, heals, responses)
 
     @staticmethod

@@ -308,7 +308,7 @@ class LighthouseServer:
     async def _heartbeat(self, request: web.Request) -> web.Response:
         beat = await parse(request, HeartbeatRequest)
         if beat.rank == 0:
-            frame = WatchHeartbeat(step=beat.step, finished=beat.finished, param_digest=beat.param_digest)
+            frame = WatchHeartbeat.model_validate(beat.model_dump(include=set(WatchHeartbeat.model_fields)))
             self._beat(beat.group, beat.incarnation, actor_of(request), "heartbeat", frame)
         return reply(HeartbeatResponse(ok=True, quorum_id=self.core.quorum_id, abort_below=self.core.abort_below))
 
@@ -317,7 +317,8 @@ class LighthouseServer:
         now = self._clock()
 
         def call() -> None:
-            self.core.heartbeat(group, incarnation, beat.step, now, finished=beat.finished, digest=beat.param_digest)
+            self.core.heartbeat(group, incarnation, beat.step, now, beat.finished, beat.param_digest, beat.progress,
+                                beat.waiting)  # fmt: skip
 
         self.auditor.touch(group, incarnation, actor, how, now, call)
 

@@ -1,0 +1,135 @@
+"""Unit tests of the progress-based stall rule (ftjob.lighthouse.stall) inside the quorum logic, with an explicit
+clock: a member that stops making progress while every other member waits in the step's collective is evicted long
+before the heartbeat timeout; a slow but progressing member, a member asking for a quorum, or a job still learning
+its step time never is."""
+
+from __future__ import annotations
+
+import pytest
+from ftjob.lighthouse.quorum import QuorumCore
+from ftjob.lighthouse.stall import MIN_INTERVALS, StallRule
+from test_lighthouse_quorum import ask
+
+STEP_S = 0.1
+HEARTBEAT_TIMEOUT_S = 30.0
+
+
+def trained(groups: tuple[str, ...] = ("0", "1", "2"), steps: int = MIN_INTERVALS + 2, **rule: float
+            ) -> tuple[QuorumCore, float]:  # fmt: skip
+    """A core whose groups trained ``steps`` healthy steps of STEP_S; returns it and the time the last quorum formed
+    (every member then has the quorum answer and bumped its progress once)."""
+    c = QuorumCore(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+                   stall=StallRule(**rule))  # fmt: skip
+    now = 0.0
+    for step in range(steps):
+        now = step * STEP_S
+        for g in groups:
+            ask(c, g, step=step, now=now)
+        assert c.poll(now) is not None
+        for g in groups:
+            beat(c, g, step + 1, waiting=False, now=now)
+    return c, now
+
+
+def beat(c: QuorumCore, group: str, progress: int, waiting: bool, now: float) -> None:
+    c.heartbeat(group, f"inc-{group}", 0, now, progress=progress, waiting=waiting)
+
+
+def run_until(c: QuorumCore, start: float, end: float, waiters: tuple[str, ...], suspect_progress: bool = False
+              ) -> list[str]:  # fmt: skip
+    """Heartbeats every 0.1 s from ``start`` to ``end``: ``waiters`` wait in the collective; group "2" beats with
+    (or, by default, without) progress. Returns the groups the sweeps dropped."""
+    dropped: list[str] = []
+    now, n = start, 1000
+    while now < end and not dropped:
+        now += 0.1
+        n += 1
+        for g in waiters:
+            beat(c, g, 500, waiting=True, now=now)
+        if suspect_progress:
+            beat(c, "2", n, waiting=False, now=now)
+        dropped = c.sweep(now)
+    return dropped
+
+
+def test_a_frozen_member_is_evicted_as_stalled_once_the_others_wait_for_it():
+    c, t = trained()
+    abort_below = c.abort_below
+    dropped = run_until(c, t, t + 5.0, waiters=("0", "1"))  # "2" sends nothing at all (SIGSTOP)
+    assert dropped == ["2"]
+    reason = c.history[-1].reason
+    assert reason.startswith("evicted: stalled: no progress for"), reason
+    assert "2 other group(s) wait" in reason
+    assert c.abort_below > abort_below, "the survivors' collective must be aborted at once"
+    stalled_at = c.history[-1].time
+    assert t + 1.0 < stalled_at <= t + 1.3, "the floor (1 s) bounds it: the median step is 0.1 s"
+    assert ("2", "inc-2") in c._banned, "a stalled incarnation never comes back"
+
+
+def test_hung_member_that_still_heartbeats_without_progress_is_evicted_too():
+    c, t = trained()
+    now = t
+    dropped: list[str] = []
+    while not dropped and now < t + 5:
+        now += 0.1
+        beat(c, "0", 500, waiting=True, now=now)
+        beat(c, "1", 500, waiting=True, now=now)
+        beat(c, "2", 7, waiting=False, now=now)  # alive (its heartbeat thread runs) but stuck: progress never moves
+        dropped = c.sweep(now)
+    assert dropped == ["2"]
+
+
+def test_a_member_that_makes_progress_is_never_evicted():
+    c, t = trained()
+    assert run_until(c, t, t + 10.0, waiters=("0", "1"), suspect_progress=True) == []
+
+
+def test_nobody_is_evicted_while_not_every_other_member_waits():
+    c, t = trained()
+    assert run_until(c, t, t + 10.0, waiters=("0",)) == [], "group 1 computes too: nobody waits for group 2 alone"
+
+
+def test_the_limit_follows_the_median_step_time():
+    c, t = trained(factor=3.0, floor_s=0.2)  # 3 x 0.1 s median -> 0.3 s
+    dropped = run_until(c, t, t + 5.0, waiters=("0", "1"))
+    assert dropped == ["2"] and c.history[-1].time <= t + 0.5
+
+
+def test_no_rule_while_the_step_time_is_still_being_learnt():
+    c, t = trained(steps=MIN_INTERVALS - 1)
+    assert run_until(c, t, t + 10.0, waiters=("0", "1")) == []
+
+
+def test_factor_zero_turns_the_rule_off():
+    c, t = trained(factor=0.0)
+    assert run_until(c, t, t + 10.0, waiters=("0", "1")) == []
+
+
+def test_a_member_asking_for_the_next_quorum_is_not_stalled():
+    c, t = trained()
+    ask(c, "2", step=MIN_INTERVALS + 2, now=t + 0.05)  # it left the step (e.g. its step failed) and asks again
+    assert run_until(c, t, t + 10.0, waiters=("0", "1")) == []
+
+
+def test_an_old_client_without_progress_is_left_to_the_heartbeat_timeout():
+    c, t = trained(groups=("0", "1"))
+    c.heartbeat("2", "inc-2", 0, t)  # joins with no progress field at all
+    for g in ("0", "1", "2"):
+        ask(c, g, step=MIN_INTERVALS + 2, now=t + 0.1)
+    assert c.poll(t + 0.1) is not None
+    assert run_until(c, t + 0.1, t + 10.0, waiters=("0", "1")) == []
+
+
+def test_others_that_stopped_heartbeating_do_not_count_as_waiting():
+    c, t = trained()
+    beat(c, "0", 500, waiting=True, now=t + 0.1)
+    beat(c, "1", 500, waiting=True, now=t + 0.1)
+    # then nobody heart-beats (e.g. the lighthouse's own event loop was stalled): no verdict from stale news
+    assert c.sweep(t + 3.0) == []
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match="stall factor"):
+        StallRule(factor=-1)
+    with pytest.raises(ValueError, match="stall factor"):
+        StallRule(floor_s=0)

@@ -1,0 +1,110 @@
+"""Progress-based stall detection: a member of the quorum in flight that stopped making progress while every other
+member waits for it in the step's collective is evicted long before its heartbeat timeout.
+
+A frozen group (SIGSTOP, a hung kernel, a wedged NIC) often keeps its sockets open, so nothing resets and the
+survivors would wait for the whole heartbeat timeout. But the lighthouse knows more than liveness: every rank-0
+heartbeat carries the group's progress counter (bumped at each protocol point of the step) and whether the group is
+blocked in the step's cross-group collective. The rule, checked every tick:
+
+  * a quorum is in flight with at least two of its members still live;
+  * every other live member of it reports ``waiting`` (all of them reached the collective) and heart-beats;
+  * the candidate is not waiting, not asking for a quorum, not healing, not finished, and has reported progress
+    before (an older client that never does is left to the heartbeat timeout);
+  * its progress counter has not moved for ``max(floor_s, factor x median step time)``, the median taken over the
+    last quorum intervals (no rule until ``MIN_INTERVALS`` were seen: the first steps compile, load, sync).
+
+A straggler that is merely slow keeps well inside ``factor`` times a median step that already includes its own
+slowness (everyone waits for it every step); a sudden slowdown of more than that is treated as a hang. Pure logic:
+no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+DEFAULT_FACTOR = 3.0
+DEFAULT_FLOOR_S = 1.0
+MIN_INTERVALS = 5
+INTERVALS_KEPT = 32
+
+
+class Progressing(Protocol):
+    group: str
+    incarnation: str
+    last_seen: float
+    asking: bool
+    healing: bool
+    finished: bool
+    progress: int
+    progress_at: float
+    waiting: bool
+
+
+@dataclass
+class StallRule:
+    """The rule's parameters (``factor`` 0: off) and the quorum intervals it measures the step time from."""
+
+    factor: float = DEFAULT_FACTOR
+    floor_s: float = DEFAULT_FLOOR_S
+    _last_formed: float | None = None
+    _intervals: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=INTERVALS_KEPT))
+
+    def __post_init__(self) -> None:
+        if self.factor < 0 or self.floor_s <= 0:
+            raise ValueError(f"stall factor must be >= 0 and floor > 0, got {self.factor} and {self.floor_s}")
+
+    def formed(self, now: float) -> None:
+        """A quorum was issued now: one more step-time sample."""
+        if self._last_formed is not None:
+            self._intervals.append(now - self._last_formed)
+        self._last_formed = now
+
+    def median_step_s(self) -> float | None:
+        return statistics.median(self._intervals) if len(self._intervals) >= MIN_INTERVALS else None
+
+    def limit_s(self) -> float | None:
+        """How long a member may show no progress while the others wait; None while the rule is off or learning."""
+        median = self.median_step_s()
+        if self.factor == 0 or median is None:
+            return None
+        return max(self.floor_s, self.factor * median)
+
+    @staticmethod
+    def beat(member: Progressing, progress: int, waiting: bool, now: float) -> None:
+        """Records a heartbeat's progress fields."""
+        if progress != member.progress:
+            member.progress, member.progress_at = progress, now
+        member.waiting = waiting
+
+    def stalled(self, members: Mapping[str, Progressing], in_flight: Mapping[str, str], now: float
+                ) -> list[tuple[str, str]]:  # fmt: skip
+        """(group, why) for the member the rule finds stalled (at most one: the others wait for it)."""
+        limit = self.limit_s()
+        if limit is None or len(in_flight) < 2:
+            return []
+        live = [m for g, inc in in_flight.items() if (m := members.get(g)) is not None and m.incarnation == inc]
+        if len(live) < 2:
+            return []
+        behind = [m for m in live if not m.waiting]
+        if len(behind) != 1:
+            return []
+        (suspect,) = behind
+        others = [m for m in live if m is not suspect]
+        if suspect.asking or suspect.healing or suspect.finished or suspect.progress == 0:
+            return []
+        if any(now - m.last_seen > limit for m in others):  # they must be alive and telling us they wait
+            return []
+        quiet = now - suspect.progress_at
+        if quiet <= limit:
+            return []
+        heard = now - suspect.last_seen
+        why = (
+            f"no progress for {quiet:.2f}s (limit {limit:.2f}s: max({self.floor_s:g}s, {self.factor:g} x median "
+            f"step {self.median_step_s():.3f}s)) while {len(others)} other group(s) wait in the step's collective; "
+            f"last heartbeat {heard:.2f}s ago"
+        )
+        return [(suspect.group, why)]
