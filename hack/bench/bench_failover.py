@@ -21,6 +21,7 @@ import random
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -144,6 +145,26 @@ def bench_silent_cut(run: Run, evict: bool, rounds: int) -> list[float]:
     return stalls
 
 
+def soak(run: Run, minutes: float, hogs: int) -> None:
+    """No failure at all for ``minutes`` while ``hogs`` busy-loop processes load every core: the stall rule (and the
+    heartbeat timeout) must evict nobody. Prints the drops and the step-gap spread the rule had to tolerate."""
+    loaders = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    start = time.time()
+    try:
+        while time.time() - start < minutes * 60:
+            time.sleep(min(30.0, max(0.0, start + minutes * 60 - time.time())))
+            alive = [w.group for w in run.all() if w.proc.poll() is None]
+            print(f"[soak {(time.time() - start) / 60:.1f}/{minutes:g} min] groups alive {alive}; lighthouse drops: "
+                  f"{stall_evictions(run)}", flush=True)  # fmt: skip
+    finally:
+        for p in loaders:
+            p.kill()
+    gaps = sorted(b - a for w in run.all() for a, b in itertools.pairwise(commit_times(w)) if a >= start)
+    p99 = gaps[int(0.99 * (len(gaps) - 1))] if gaps else 0.0
+    print(f"soak: {minutes:g} min under {hogs} CPU hogs, {len(gaps)} step gaps: median {statistics.median(gaps):.3f}s "
+          f"p99 {p99:.3f}s max {gaps[-1]:.3f}s; lighthouse drops: {stall_evictions(run)}   target: none")  # fmt: skip
+
+
 def stall_evictions(run: Run) -> str:
     """How the lighthouse dropped groups in this run, by reason (the stall rule's say "evicted: stalled")."""
     code, body = run.lh.request("GET", contract.PATH_STATUS)
@@ -234,6 +255,8 @@ def main() -> int:
     p.add_argument("--cuts", type=int, default=3, help="silent cut-offs with evict")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="the example job's (seconds)")
     p.add_argument("--stops", type=int, default=3, help="silent cut-offs without evict (the stall rule's case)")
+    p.add_argument("--soak-min", type=float, default=0, help="only: a failure-free run this long under CPU hogs")
+    p.add_argument("--hogs", type=int, default=4, help="busy-loop processes during --soak-min")
     p.add_argument("--state-mb", type=int, default=256)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--recovery-only", action="store_true", help="only the recovery throughput figures")
@@ -245,6 +268,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
         run = Run(Path(tmp), args.heartbeat_timeout)
         try:
+            if args.soak_min:
+                soak(run, args.soak_min, args.hogs)
+                return 0
             print("[bench] 3 groups training; group 2 is the victim", flush=True)
             bench_kills(run, args.kills, rng)
             with_evict = bench_silent_cut(run, evict=True, rounds=args.cuts)

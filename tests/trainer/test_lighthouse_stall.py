@@ -133,3 +133,31 @@ def test_bad_parameters_are_refused():
         StallRule(factor=-1)
     with pytest.raises(ValueError, match="stall factor"):
         StallRule(floor_s=0)
+
+
+def test_a_member_frozen_between_steps_is_left_out_then_evicted_for_its_silence():
+    c, t = trained()
+    now = t
+    for g in ("0", "1"):  # the next step: group 2 never asks (frozen after its commit) and never beats again
+        ask(c, g, step=MIN_INTERVALS + 2, now=t + 0.05)
+    formed = None
+    while formed is None:
+        now += 0.1
+        formed = c.poll(now)
+    assert formed.groups == ("0", "1"), "the join timeout leaves it out"
+    dropped: list[str] = []
+    while not dropped and now < t + 10:
+        now += 0.1
+        beat(c, "0", 900, waiting=False, now=now)
+        beat(c, "1", 900, waiting=False, now=now)
+        dropped = c.sweep(now)
+    assert dropped == ["2"] and now <= t + 1.3
+    assert c.history[-1].reason.startswith("evicted: stalled: no heartbeat for"), c.history[-1].reason
+
+
+def test_a_silent_member_is_not_judged_while_the_lighthouse_hears_nobody():
+    c, t = trained()
+    for g in ("0", "1"):
+        ask(c, g, step=MIN_INTERVALS + 2, now=t + 0.05)
+    assert c.poll(t + 0.1) is None and c.poll(t + 1.2) is not None  # the join timeout (1 s) leaves group 2 out
+    assert c.sweep(t + 5.0) == [], "nobody heard for seconds: the lighthouse's own loop stalled, not group 2"

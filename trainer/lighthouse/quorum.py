@@ -210,7 +210,7 @@ class QuorumCore:
             if until <= now:
                 del self._starting[group]
         self._handovers.expire(now)
-        for group, why in self.stall.stalled(self.members, self._prev, now):
+        for group, why in self.stall.stalled(self.members, self._prev, now, self._handovers.quiet):
             dropped += self.evict([group], f"stalled: {why}", now)
         return dropped
 

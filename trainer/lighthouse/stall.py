@@ -13,6 +13,11 @@ blocked in the step's cross-group collective. The rule, checked every tick:
   * its progress counter has not moved for ``max(floor_s, factor x median step time)``, the median taken over the
     last quorum intervals (no rule until ``MIN_INTERVALS`` were seen: the first steps compile, load, sync).
 
+A member that froze between two steps is simply left out of the next quorum (the join timeout); it is then
+evicted as stalled too once it sent no heartbeat at all for the same limit while at least half of the other members
+were heard within half of it (heartbeats come from their own thread every 0.1 s: a live process does not miss ten
+of them; and a lighthouse whose own loop stalled, which hears nobody, judges nobody).
+
 A straggler that is merely slow keeps well inside ``factor`` times a median step that already includes its own
 slowness (everyone waits for it every step); a sudden slowdown of more than that is treated as a hang. Pure logic:
 no I/O, no clock.
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import statistics
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -80,11 +85,38 @@ class StallRule:
             member.progress, member.progress_at = progress, now
         member.waiting = waiting
 
-    def stalled(self, members: Mapping[str, Progressing], in_flight: Mapping[str, str], now: float
-                ) -> list[tuple[str, str]]:  # fmt: skip
-        """(group, why) for the member the rule finds stalled (at most one: the others wait for it)."""
+    def stalled(self, members: Mapping[str, Progressing], in_flight: Mapping[str, str], now: float,
+                quiet: Collection[str] = ()) -> list[tuple[str, str]]:  # fmt: skip
+        """(group, why) for each member the rule finds stalled; ``quiet``: members not expected to speak yet."""
         limit = self.limit_s()
-        if limit is None or len(in_flight) < 2:
+        if limit is None:
+            return []
+        found = self._silent(members, in_flight, now, limit, quiet)
+        blocking = self._blocking(members, in_flight, now, limit)
+        return found + [b for b in blocking if b[0] not in {g for g, _ in found}]
+
+    def _silent(self, members: Mapping[str, Progressing], in_flight: Mapping[str, str], now: float, limit: float,
+                quiet: Collection[str]) -> list[tuple[str, str]]:  # fmt: skip
+        """Members outside the quorum in flight that stopped heart-beating while the others go on."""
+        heard = [now - m.last_seen for m in members.values() if not m.finished]
+        if len(heard) < 2 or 2 * sum(1 for age in heard if age <= limit / 2) < len(heard) - 1:
+            return []  # most members unheard: the lighthouse itself (or the whole network) stalled
+        found = []
+        for m in members.values():
+            if m.group in in_flight or m.group in quiet or m.finished or m.asking or m.progress == 0:
+                continue
+            if now - m.last_seen > limit:
+                found.append((m.group, f"no heartbeat for {now - m.last_seen:.2f}s (limit {limit:.2f}s: "
+                              f"{self._limit_words()}) while the other groups train on without it"))  # fmt: skip
+        return found
+
+    def _limit_words(self) -> str:
+        return f"max({self.floor_s:g}s, {self.factor:g} x median step {self.median_step_s():.3f}s)"
+
+    def _blocking(self, members: Mapping[str, Progressing], in_flight: Mapping[str, str], now: float, limit: float
+                  ) -> list[tuple[str, str]]:  # fmt: skip
+        """The member of the quorum in flight that every other member waits for, if it stopped progressing."""
+        if len(in_flight) < 2:
             return []
         live = [m for g, inc in in_flight.items() if (m := members.get(g)) is not None and m.incarnation == inc]
         if len(live) < 2:
@@ -103,8 +135,7 @@ class StallRule:
             return []
         heard = now - suspect.last_seen
         why = (
-            f"no progress for {quiet:.2f}s (limit {limit:.2f}s: max({self.floor_s:g}s, {self.factor:g} x median "
-            f"step {self.median_step_s():.3f}s)) while {len(others)} other group(s) wait in the step's collective; "
-            f"last heartbeat {heard:.2f}s ago"
+            f"no progress for {quiet:.2f}s (limit {limit:.2f}s: {self._limit_words()}) while {len(others)} other "
+            f"group(s) wait in the step's collective; last heartbeat {heard:.2f}s ago"
         )
         return [(suspect.group, why)]
