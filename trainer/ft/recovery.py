@@ -3,7 +3,7 @@ healing rank uses to copy it.
 
 Serving never stalls training: ``publish`` makes one copy at the step boundary (recovery_codec.pack) and the server
 threads hash and send that copy while the training thread goes on. The wire carries JSON metadata and raw bytes only
-(never pickle), split into chunks that are sha256-checked on arrival, fetched in parallel over keep-alive
+(never pickle), split into chunks that are CRC-checked on arrival, fetched in parallel over keep-alive
 connections, and fetched again when a checksum does not match. With a TlsConfig (the job's FTJOB_TLS_* files) the
 server speaks only TLS and the fetcher verifies the peer's certificate against the job's CA and the job's worker
 name (ftjob.contract.tls); without one both speak plain HTTP (local development).
@@ -11,7 +11,6 @@ name (ftjob.contract.tls); without one both speak plain HTTP (local development)
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import http.client
 import logging
@@ -19,6 +18,7 @@ import socket
 import ssl
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,11 +58,11 @@ class _Snapshot:
                 total = self.packed.buffer.numel()
                 view = memoryview(self.packed.buffer.numpy()) if total else memoryview(b"")
                 spans = [(o, min(self.chunk_bytes, total - o)) for o in range(0, total, self.chunk_bytes)]
-                digests = list(hashers.map(lambda s: hashlib.sha256(view[s[0] : s[0] + s[1]]).hexdigest(), spans))
+                digests = list(hashers.map(lambda s: zlib.crc32(view[s[0] : s[0] + s[1]]), spans))
                 manifest = RecoveryManifest(
                     step=self.step,
                     total_bytes=total,
-                    chunks=[Chunk(offset=o, length=n, sha256=d) for (o, n), d in zip(spans, digests, strict=True)],
+                    chunks=[Chunk(offset=o, length=n, crc32=d) for (o, n), d in zip(spans, digests, strict=True)],
                     tensors=self.packed.tensors,
                     state=self.packed.state,
                 )
@@ -307,7 +307,7 @@ def fetch_state(
                 if attempt == max_attempts:
                     raise
             else:
-                if hashlib.sha256(dst).hexdigest() == chunk.sha256:
+                if zlib.crc32(dst) == chunk.crc32:  # zlib drops the GIL: the fetch threads check in parallel
                     return
                 if attempt == max_attempts:
                     raise RecoveryError(f"chunk {index} from {address} failed its checksum {max_attempts} times")
