@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 # dcp warns on every single-process save/load; that is the intended mode for one-rank groups.
@@ -172,6 +171,8 @@ class AsyncCheckpointer:
         directory.mkdir(parents=True, exist_ok=True)
         if before_save is not None:
             before_save()
+        import torch.distributed.checkpoint as dcp  # ~0.6 s (with DTensor, sympy): only once checkpoints are on
+
         fut = dcp.async_save(_clone(state), checkpoint_id=str(directory), process_group=self.pg)
         self._pending = (step, directory, fut)
         self._on_done = on_done
@@ -210,4 +211,6 @@ class AsyncCheckpointer:
 
 def load(found: Found, state: dict[str, Any], process_group: Any = None) -> None:
     """Load ``found`` into ``state`` in place (tensors are overwritten; shapes must match the model)."""
+    import torch.distributed.checkpoint as dcp  # see save: not paid by every trainer start
+
     dcp.load(state, checkpoint_id=str(found.path), process_group=process_group)
