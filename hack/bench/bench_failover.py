@@ -6,11 +6,15 @@ Measured, all in this run:
   * survivors' stall per SIGKILL of the victim at random points (>= --kills), each followed by a restart + rejoin;
   * survivors' stall after a silent cut-off (SIGSTOP) with the evict call, and without it (heartbeat timeout);
   * rejoin time (restarted process ready -> first committed step) and the survivors' stall while it rejoins;
+  * with --torchft-rejoins N: torchft 0.2.0's groups (hack/bench/torchft_rejoin.py, same tiny model and loop) killed
+    and restarted the same way, after ours; both sides' restarted process broken down phase by phase (python start,
+    imports, model + optimizer, Manager ready, quorum answered, healed, first commit, first contributing commit);
   * recovery throughput over plain HTTP and over TLS (the job's certificates, verified), in interleaved rounds on the
     same snapshot, each vs raw loopback TCP throughput (same machine, same run).
 Stall = the longest gap between two consecutive commits of a survivor around the event, minus its median step gap.
 
     python hack/bench/bench_failover.py [--kills 10] [--state-mb 256] [--recovery-only]
+    python hack/bench/bench_failover.py --kills 5 --cuts 0 --stops 0 --no-recovery --torchft-rejoins 5   # rejoin only
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ sys.path.insert(0, str(REPO / "tests" / "trainer"))
 
 from ftjob import contract  # noqa: E402
 from test_manager_worker import Lighthouse, Worker, _wait  # noqa: E402
+from torchft_rejoin import TorchftJob  # noqa: E402
 
 # A short pause per step leaves CPU for a restarting group's python + torch import on a 2-core machine.
 WORKER_ARGS = ("--steps", "1000000", "--collective-timeout", "30", "--quorum-timeout", "120", "--width", "64")
@@ -82,16 +87,38 @@ class Run:
         """Restarts the victim; returns (spawn time, ready time, first commit time)."""
         spawned = time.time()
         self.victim = Worker(self.workdir, self.lh.url, "2", *WORKER_ARGS)
-        ready = _wait(lambda: self.victim.events("ready"), 120, "the victim to start")
-        ready_t = time.time()  # the worker prints "ready" right after its Manager is up
-        del ready
+        ready = _wait(lambda: self.victim.events("ready"), 120, "the victim to start")[0]["time"]
         first = _wait(lambda: commit_times(self.victim), 120, "the victim's first commit")[0]
-        return spawned, ready_t, first
+        return spawned, ready, first
 
     def close(self) -> None:
         for w in self.all():
             w.kill()
         self.lh.kill()
+
+
+def timeline(w: Worker, spawned: float) -> dict[str, float]:
+    """A restarted group's startup, phase by phase (seconds), from its own events (same clock as ``spawned``).
+    Ours also says when its first quorum answered and its heal ended; torchft's (asynchronous quorum) does not."""
+    _wait(lambda: any(e["committed"] and e["contributing"] for e in w.events("step")), 120, "a contribution")
+    boot = w.events("boot")[0]
+    ready_event = w.events("ready")[0]
+    ready = ready_event["time"]
+    steps = w.events("step")
+    commit = next(e["time"] for e in steps if e["committed"])
+    phases = {
+        "python start": boot["time"] - spawned,
+        "imports": boot["imported"] - boot["time"],
+        "model + optimizer": ready_event["built"] - boot["imported"],  # torch.optim imports torch._dynamo
+        "Manager ready": ready - ready_event["built"],
+    }
+    first = steps[0]  # the heal step: its quorum answer and the heal end inside start_quorum()
+    if "quorum_time" in first:
+        answered = first["quorum_time"] - first["heal_seconds"]
+        phases |= {"quorum answered": answered - ready, "healed": first["quorum_time"] - answered}
+        ready = first["quorum_time"]
+    contributing = next(e["time"] for e in steps if e["committed"] and e["contributing"])
+    return phases | {"first commit": commit - ready, "first contributing commit": contributing - commit}
 
 
 def fmt(xs: list[float]) -> str:
@@ -100,8 +127,9 @@ def fmt(xs: list[float]) -> str:
     return f"max {max(xs):.3f}s  median {statistics.median(xs):.3f}s  (n={len(xs)})"
 
 
-def bench_kills(run: Run, kills: int, rng: random.Random) -> None:
+def bench_kills(run: Run, kills: int, rng: random.Random) -> dict[str, list[float]]:
     stalls, rejoins, rejoin_stalls, spawn_to_commit = [], [], [], []
+    phases: dict[str, list[float]] = {}
     for i in range(kills):
         time.sleep(rng.uniform(0.2, 1.0))  # a random point of the step cycle
         base = {w.group: median_gap(w, time.time() - 3) for w in run.survivors}
@@ -115,6 +143,8 @@ def bench_kills(run: Run, kills: int, rng: random.Random) -> None:
         rejoins.append(first - ready)
         spawn_to_commit.append(first - spawned)
         rejoin_stalls.append(max(stall_around(w, ready, first, base[w.group]) for w in run.survivors))
+        for phase, seconds in timeline(run.victim, spawned).items():
+            phases.setdefault(phase, []).append(seconds)
         print(
             f"[kill {i + 1}/{kills}] survivor stall {stalls[-1]:.3f}s; rejoin {rejoins[-1]:.3f}s "
             f"(process start -> commit {spawn_to_commit[-1]:.2f}s); "
@@ -125,6 +155,58 @@ def bench_kills(run: Run, kills: int, rng: random.Random) -> None:
     print(f"rejoin (ready -> first commit): {fmt(rejoins)}   target <= 3s")
     print(f"rejoin incl. process start:     {fmt(spawn_to_commit)}   (python + torch import on this machine)")
     print(f"survivor stall during rejoin:   {fmt(rejoin_stalls)}   target <= 0.05s")
+    return phases
+
+
+def bench_torchft_rejoins(workdir: Path, rejoins: int, rng: random.Random) -> dict[str, list[float]]:
+    """The same kill + restart of group "2" and the same timeline on torchft's groups (hack/bench/torchft_rejoin.py)."""
+    job = TorchftJob(workdir, ["0", "1", "2"])
+    phases: dict[str, list[float]] = {}
+    survivors = [job.groups["0"], job.groups["1"]]
+    try:
+        _wait(lambda: all(commits_after(w, 0, 20) for w in job.groups.values()), 180, "torchft groups training")
+        print("[bench] torchft: 3 groups training; group 2 is the victim", flush=True)
+        for i in range(rejoins):
+            time.sleep(rng.uniform(0.2, 1.0))
+            killed_at = time.time()
+            job.groups["2"].kill()
+            try:
+                _wait(lambda t=killed_at: all(commits_after(w, t) for w in survivors), 120, "torchft survivors")
+            except AssertionError as e:  # seen once under heavy machine load: report it, keep the rounds done
+                alive = [w.proc.poll() is None for w in survivors]
+                print(f"[torchft rejoin {i + 1}/{rejoins}] {e} (survivors alive: {alive}); stopping here", flush=True)
+                break
+            spawned = time.time()
+            job.groups["2"] = job.start("2")
+            for phase, seconds in timeline(job.groups["2"], spawned).items():
+                phases.setdefault(phase, []).append(seconds)
+            print(f"[torchft rejoin {i + 1}/{rejoins}] process start -> commit "
+                  f"{commit_times(job.groups['2'])[0] - spawned:.2f}s", flush=True)  # fmt: skip
+    finally:
+        job.close()
+    return phases
+
+
+def print_breakdown(sides: dict[str, dict[str, list[float]]]) -> None:
+    """Median per phase of each side's restarted process, and the cumulative time since its spawn."""
+    print("rejoin breakdown, process start -> first contributing commit (median per phase / cumulative):")
+    names = list(dict.fromkeys(phase for phases in sides.values() for phase in phases))
+    print(f"  {'phase':<27}" + "".join(f"{side:>22}" for side in sides))
+    totals = dict.fromkeys(sides, 0.0)
+    for phase in names:
+        row = f"  {phase:<27}"
+        for side, phases in sides.items():
+            if phase in phases:
+                totals[side] += statistics.median(phases[phase])
+                row += f"{f'+{statistics.median(phases[phase]):.3f} / {totals[side]:.3f}s':>22}"
+            else:
+                row += f"{'-':>22}"
+        print(row)
+    for side, phases in sides.items():
+        runs = [dict(zip(phases, values, strict=True)) for values in zip(*phases.values(), strict=True)]
+        commit = [sum(v for k, v in r.items() if k != "first contributing commit") for r in runs]
+        print(f"{side:<14} process start -> first commit:              {fmt(commit)}")
+        print(f"{side:<14} process start -> first contributing commit: {fmt([sum(r.values()) for r in runs])}")
 
 
 def bench_silent_cut(run: Run, evict: bool, rounds: int) -> list[float]:
@@ -260,9 +342,12 @@ def main() -> int:
     p.add_argument("--state-mb", type=int, default=256)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--recovery-only", action="store_true", help="only the recovery throughput figures")
+    p.add_argument("--no-recovery", action="store_true", help="skip the recovery throughput figures")
+    p.add_argument("--torchft-rejoins", type=int, default=0, help="also kill + restart a torchft group this often")
     args = p.parse_args()
     rng = random.Random(args.seed)
-    bench_recovery_throughput(args.state_mb)
+    if not args.no_recovery:
+        bench_recovery_throughput(args.state_mb)
     if args.recovery_only:
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
@@ -272,17 +357,23 @@ def main() -> int:
                 soak(run, args.soak_min, args.hogs)
                 return 0
             print("[bench] 3 groups training; group 2 is the victim", flush=True)
-            bench_kills(run, args.kills, rng)
+            sides = {"ftjob": bench_kills(run, args.kills, rng)} if args.kills else {}
             with_evict = bench_silent_cut(run, evict=True, rounds=args.cuts)
             without = bench_silent_cut(run, evict=False, rounds=args.stops)
-            print(f"SIGSTOP + evict: survivor stall  {fmt(with_evict)}   target <= 1.5s max")
-            print(
-                f"SIGSTOP, no evict: survivor stall {fmt(without)}   target <= 1.5s max (progress-based stall "
-                f"rule; --heartbeat-timeout {args.heartbeat_timeout}s would bound it otherwise)"
-            )
+            if args.cuts:
+                print(f"SIGSTOP + evict: survivor stall  {fmt(with_evict)}   target <= 1.5s max")
+            if args.stops:
+                print(
+                    f"SIGSTOP, no evict: survivor stall {fmt(without)}   target <= 1.5s max (progress-based stall "
+                    f"rule; --heartbeat-timeout {args.heartbeat_timeout}s would bound it otherwise)"
+                )
             print(f"lighthouse evictions: {stall_evictions(run)}")
         finally:
             run.close()
+        if args.torchft_rejoins:  # after ours closed: each side has the machine to itself
+            sides["torchft 0.2.0"] = bench_torchft_rejoins(Path(tmp), args.torchft_rejoins, rng)
+        if sides:
+            print_breakdown(sides)
     return 0
 
 

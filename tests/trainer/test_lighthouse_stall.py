@@ -161,3 +161,10 @@ def test_a_silent_member_is_not_judged_while_the_lighthouse_hears_nobody():
         ask(c, g, step=MIN_INTERVALS + 2, now=t + 0.05)
     assert c.poll(t + 0.1) is None and c.poll(t + 1.2) is not None  # the join timeout (1 s) leaves group 2 out
     assert c.sweep(t + 5.0) == [], "nobody heard for seconds: the lighthouse's own loop stalled, not group 2"
+
+
+def test_the_limit_covers_several_heartbeat_periods_when_the_lighthouse_slows_the_beats_down():
+    c, t = trained()
+    c.stall.heartbeat_interval_s = 1.25  # what the lighthouse tells 12,500 groups
+    assert c.stall.limit_s() == pytest.approx(3.75)
+    assert run_until(c, t, t + 3.5, waiters=("0", "1")) == [], "three periods without a beat are no evidence yet"

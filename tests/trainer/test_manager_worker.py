@@ -23,11 +23,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import torch
-from ftjob.contract.lighthouse_api import StatusResponse
-from ftjob.ft.digest import local_digest as param_digest
-from ftjob.ft.digest import replica_tensors
-from ftjob.ft.manager import Manager, ManagerConfig
+BOOT = time.time()  # interpreter up: what the imports below cost is measured from here ("boot" event)
+
+import torch  # noqa: E402
+from ftjob.contract.lighthouse_api import StatusResponse  # noqa: E402
+from ftjob.ft.digest import local_digest as param_digest  # noqa: E402
+from ftjob.ft.digest import replica_tensors  # noqa: E402
+from ftjob.ft.manager import Manager, ManagerConfig  # noqa: E402
+
+IMPORTED = time.time()
 
 
 def emit(**fields: object) -> None:
@@ -55,6 +59,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--master-port", type=int, default=0, help="the group's own rendezvous port (world size > 1)")
     p.add_argument("--digest-every", type=int, default=0, help="state digests every N committed steps (0: none)")
     args = p.parse_args(argv)
+    # startup timeline (hack/bench/bench_failover.py's rejoin breakdown): interpreter up, imports done
+    emit(event="boot", group=args.group, time=BOOT, imported=IMPORTED)
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.Linear(args.width, args.width))
@@ -70,7 +76,8 @@ def main(argv: list[str]) -> int:
         for layer in model:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)  # torch.optim's first use imports torch._dynamo
+    built = time.time()
     data = {"cursor": 0}
 
     def state_dict() -> dict:
@@ -98,13 +105,14 @@ def main(argv: list[str]) -> int:
         _wait(lambda: os.path.exists(args.join_file), 600, f"{args.join_file} to exist")
     mgr = Manager(cfg, state_dict, load_state_dict, replica_state=lambda: replica_tensors(model, opt))
     mgr.register_params(model.parameters())  # buckets all-reduced during the backward (one rank per group)
-    emit(event="ready", group=args.group, pid=os.getpid())
+    emit(event="ready", group=args.group, pid=os.getpid(), time=time.time(), built=built)
     while mgr.step < args.steps:
         if mgr.step == args.pause_at_step:  # lets a test start another group while this one is mid-run
             emit(event="paused", step=mgr.step)
             _wait(lambda: os.path.exists(args.resume_file), 600, f"{args.resume_file} to exist")
         started = time.monotonic()
         q = mgr.start_quorum()
+        t_quorum = time.time()  # the quorum answered and, if behind, this group healed
         if mgr.step == args.hang_at_step:
             emit(event="hanging", step=mgr.step)
             while True:
@@ -128,6 +136,8 @@ def main(argv: list[str]) -> int:
             contributing=q.contributing,
             participants=q.participants,
             healed=q.healed,
+            heal_seconds=round(mgr.metrics["heal_seconds"], 4),  # cumulative; the rejoin breakdown uses the first
+            quorum_time=t_quorum,
             seconds=round(time.monotonic() - started, 4),
             time=time.time(),
             error=None if committed else mgr.last_error,
@@ -221,22 +231,34 @@ class Worker:
     """One replica group (one rank) running this file's training loop."""
 
     def __init__(
-        self, workdir: Path, lighthouse_url: str, group: str, *args: str, env: dict[str, str] | None = None
+        self,
+        workdir: Path,
+        lighthouse_url: str,
+        group: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
     ) -> None:
+        """``command``: another program with this one's CLI and events (the benches' torchft worker)."""
         self.group = group
         self.log = workdir / f"worker-{group}-{time.monotonic_ns()}.log"
-        cmd = [sys.executable, str(WORKER), "--group", group, "--lighthouse", lighthouse_url, *args]
+        program = command or [sys.executable, str(WORKER)]
+        cmd = [*program, "--group", group, "--lighthouse", lighthouse_url, *args]
         env = {**os.environ, "FTJOB_TOKEN": TOKEN, **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env)
+        self._events: list[dict[str, Any]] = []
+        self._read = 0  # bytes of the log parsed so far: a poll parses only what is new (benches poll long logs)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log.read_text().splitlines():
+        with self.log.open("rb") as f:
+            f.seek(self._read)
+            new = f.read()
+        complete = new[: new.rfind(b"\n") + 1]  # a line still being written is parsed on a later call
+        self._read += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
             if line.startswith("{"):
-                event = json.loads(line)
-                if kind is None or event["event"] == kind:
-                    out.append(event)
-        return out
+                self._events.append(json.loads(line))
+        return [e for e in self._events if kind is None or e["event"] == kind]
 
     def last_step(self) -> int:
         steps = self.events("step")

@@ -11,7 +11,9 @@ unknown fields (a typo fails loudly); answers ignore them (an older client keeps
   POST /v1/membership/desired   DesiredRequest -> DesiredResponse (contributing groups; extra live ones are spares)
   POST /v1/membership/handover             HandoverRequest -> HandoverResponse (the next incarnation replaces, no abort)
   GET  /v1/status               StatusResponse
-  GET  /v1/watch?WatchQuery     WebSocket, one per rank: WatchHeartbeat up (rank 0's count), AbortSignal down
+  GET  /v1/watch?WatchQuery     WebSocket, one per group (its rank 0; the other ranks hear through the group link,
+                                ftjob.ft.group_link): WatchHeartbeat up, AbortSignal (+ heartbeat period) down;
+                                rank 0 may long-poll its quorum on it too: WatchQuorum up, WatchQuorumAnswer down
   any refusal                   ErrorResponse with a 4xx/5xx status
 """
 
@@ -204,10 +206,33 @@ class WatchHeartbeat(Request):
 
 
 class AbortSignal(Answer):
-    """Pushed on every watch socket when the in-flight quorum must abort (a member was dropped)."""
+    """Pushed on every watch socket when the in-flight quorum must abort (a member was dropped); also the socket's
+    first frame, and pushed again whenever ``heartbeat_interval_s`` changes."""
 
     quorum_id: int
     abort_below: int
+    # the heartbeat period the lighthouse asks for: it grows with the number of groups so that their total heartbeat
+    # rate stays within what one lighthouse holds, and stays well below its heartbeat timeout. None: an older server
+    heartbeat_interval_s: float | None = None
+
+
+class WatchQuorum(Request):
+    """A quorum request (rank 0) sent as a text frame on the group's watch socket instead of POST /v1/quorum: the
+    same long-poll without a second connection per group. Answered by one WatchQuorumAnswer frame; a newer request
+    supersedes a pending one (answered 409), as over HTTP. Its group and incarnation must be the socket's."""
+
+    kind: Literal["quorum"]
+    request: QuorumRequest
+
+
+class WatchQuorumAnswer(Answer):
+    """The answer to a WatchQuorum: ``quorum`` with status 200, else the status and error POST /v1/quorum would
+    have answered (400, 403, 409, 410, 504, 503)."""
+
+    kind: Literal["quorum"] = "quorum"
+    status: int
+    quorum: QuorumResponse | None = None
+    error: str | None = None
 
 
 # --- the operator's membership API ------------------------------------------------------------------------------

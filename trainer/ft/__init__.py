@@ -24,22 +24,61 @@ written on it).
 
 Every rank's Prometheus metrics (``ftjob_trainer_*``, served on FTJOB_METRICS_PORT) are fed by the Manager; a loop adds
 its own tokens and phases: ``ft.trainer_metrics().add_tokens(n)``, ``with ft.trainer_metrics().phase("data"): ...``.
+
+Importing this package costs nothing by itself: each name below loads its module on first use (PEP 562), so a
+process that only needs the Manager (or ``ftjob.ft.digest``) does not pay for the wrappers, data loading and
+checkpointing modules before it can rejoin its job.
 """
 
-from ftjob.ft.data import DataLoader
-from ftjob.ft.ddp import DistributedDataParallel
-from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
-from ftjob.ft.manager import InitialSyncError, Manager, ManagerConfig, QuorumInfo, QuorumUnavailable
-from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
-from ftjob.ft.optim import GradScaler, LRScheduler, Optimizer
-from ftjob.ft.session import Session, SessionConfig
-from ftjob.ft.setup import current_session, init
-from ftjob.ft.sharding import MicroBatch, StepShard, step_shard
-from ftjob.ft.state_check import StateDictError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, for type checkers and IDEs
+    from ftjob.ft.data import DataLoader
+    from ftjob.ft.ddp import DistributedDataParallel
+    from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
+    from ftjob.ft.manager import InitialSyncError, Manager, ManagerConfig, QuorumInfo, QuorumUnavailable
+    from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
+    from ftjob.ft.optim import GradScaler, LRScheduler, Optimizer
+    from ftjob.ft.session import Session, SessionConfig
+    from ftjob.ft.setup import current_session, init
+    from ftjob.ft.sharding import MicroBatch, StepShard, step_shard
+    from ftjob.ft.state_check import StateDictError
+
+_LAZY = {  # public name -> the module defining it
+    **dict.fromkeys(("DataLoader",), "data"),
+    **dict.fromkeys(("DistributedDataParallel",), "ddp"),
+    **dict.fromkeys(("EvictedError", "LighthouseError"), "lighthouse_client"),
+    **dict.fromkeys(("InitialSyncError", "Manager", "ManagerConfig", "QuorumInfo", "QuorumUnavailable"), "manager"),
+    **dict.fromkeys(("TrainerMetrics", "trainer_metrics"), "metrics"),
+    **dict.fromkeys(("GradScaler", "LRScheduler", "Optimizer"), "optim"),
+    **dict.fromkeys(("Session", "SessionConfig"), "session"),
+    **dict.fromkeys(("current_session", "init"), "setup"),
+    **dict.fromkeys(("MicroBatch", "StepShard", "step_shard"), "sharding"),
+    **dict.fromkeys(("StateDictError",), "state_check"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Loads a public name's module on first use; other names (submodules) fall through to the import system."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def register_state(name: str, obj: object = None, **callables: object) -> None:
     """Adds your own state to what healing copies and checkpoints hold (see Session.register_state)."""
+    from ftjob.ft.setup import current_session
+
     current_session().register_state(name, obj, **callables)  # type: ignore[arg-type]
 
 

@@ -18,6 +18,7 @@ no retry repairs: LighthouseTlsError at once.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import threading
@@ -38,6 +39,8 @@ from ftjob.contract.lighthouse_api import (
     Request,
     StatusResponse,
     WatchHeartbeat,
+    WatchQuorum,
+    WatchQuorumAnswer,
 )
 from ftjob.contract.tls import TlsConfig
 from pydantic import ValidationError
@@ -121,6 +124,9 @@ class LighthouseClient:
         self._link_lost: asyncio.Future[None] | None = None  # resolved when the open watch socket drops
         self._on_reconnect = on_reconnect  # called (client thread) when the watch re-opens after a lost lighthouse
         self.reconnects = 0
+        self.abandoned: str | None = None  # why this process left the lighthouse for good (abandon())
+        self._ws: aiohttp.ClientWebSocketResponse | None = None  # the open watch socket (quorum requests go there)
+        self._asked: collections.deque[asyncio.Future[WatchQuorumAnswer]] = collections.deque()
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> LighthouseClient:
@@ -157,6 +163,20 @@ class LighthouseClient:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+
+    def abandon(self, reason: str) -> None:
+        """Leaves the lighthouse for good (this replica group broke: one of its ranks died). The watch socket closes
+        and stays closed, which the lighthouse takes as the group disconnecting (it drops the group now, not at the
+        heartbeat timeout), and every quorum request, in flight or later, fails with LighthouseError(0, reason)."""
+        self.abandoned = reason
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._abandon)
+
+    def _abandon(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        if self._link_lost is not None and not self._link_lost.done():
+            self._link_lost.set_result(None)  # a quorum request in flight gives up (LighthouseLost) and sees why
 
     async def _close(self) -> None:
         if self._session is not None:
@@ -238,6 +258,44 @@ class LighthouseClient:
                     raise ConnectionError(f"lighthouse {self.url} unreachable: {type(e).__name__}: {e}") from None
                 await asyncio.sleep(RETRY_PAUSE_S)
 
+    async def _ask_on_watch(self, ws: aiohttp.ClientWebSocketResponse, req: QuorumRequest, timeout_s: float
+                            ) -> QuorumResponse:  # fmt: skip
+        """The quorum long-poll as a WatchQuorum frame on the open watch socket. The lighthouse answers every frame
+        exactly once and in order (a superseded request first, with 409), so answers are matched first in, first
+        out; a socket that drops fails every request on it (LighthouseLost: retried on the new socket)."""
+        answer: asyncio.Future[WatchQuorumAnswer] = asyncio.get_running_loop().create_future()
+        self._asked.append(answer)
+        await ws.send_str(WatchQuorum(kind="quorum", request=req).model_dump_json(exclude_none=True))
+        lost = self._link_lost  # abandon() or a dropped socket resolves it
+        waits = {answer} if lost is None else {answer, lost}
+        done, _ = await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if answer not in done:
+            raise LighthouseLost("the lighthouse's watch socket dropped while waiting") if done else TimeoutError(
+                f"no quorum answer on the watch socket within {timeout_s:.0f}s")  # fmt: skip
+        got = answer.result()
+        if got.status == 200 and got.quorum is not None:
+            return got.quorum
+        cls = EvictedError if got.status == 410 else LighthouseError
+        raise cls(got.status, got.error or f"status {got.status}")
+
+    def _quorum_answered(self, data: str) -> None:
+        if not self._asked:
+            log.warning("an unexpected quorum answer on the watch socket: %s", data[:200])
+            return
+        fut = self._asked.popleft()
+        if not fut.done():
+            try:
+                fut.set_result(WatchQuorumAnswer.model_validate_json(data))
+            except ValidationError as e:
+                fut.set_exception(LighthouseError(0, f"unreadable quorum answer: {e}"))
+
+    def _fail_asked(self) -> None:
+        """The watch socket closed: its pending quorum requests will never be answered."""
+        while self._asked:
+            fut = self._asked.popleft()
+            if not fut.done():
+                fut.set_exception(LighthouseLost("the lighthouse's watch socket dropped while waiting"))
+
     async def _post_unless_lost(self, path: str, body: Request, answer: type[A], timeout_s: float) -> A:
         """A POST abandoned (LighthouseLost) as soon as the watch socket that was open when it started drops."""
         lost = self._link_lost
@@ -272,6 +330,8 @@ class LighthouseClient:
         lost_since: float | None = None  # unreachable since then
         last_error = "no attempt"
         while True:
+            if self.abandoned is not None:
+                raise LighthouseError(0, f"this process left the lighthouse: {self.abandoned}")
             now = time.monotonic()
             if lost_since is not None and now - lost_since > self.lost_timeout_s:
                 raise TimeoutError(
@@ -283,6 +343,8 @@ class LighthouseClient:
             remaining = max(0.5, deadline - now)
             try:
                 ask = req.model_copy(update={"timeout_s": remaining})
+                if self._ws is not None and not self._ws.closed:  # one connection per group: ask on the watch
+                    return await self._ask_on_watch(self._ws, ask, remaining + 5)
                 return await self._post_unless_lost(contract.PATH_QUORUM, ask, QuorumResponse, remaining + 5)
             except EvictedError:
                 self.evicted = True
@@ -316,6 +378,7 @@ class LighthouseClient:
                 async with ws_cm as ws:
                     backoff = 0.05
                     self._link_lost = asyncio.get_running_loop().create_future()
+                    self._ws = ws
                     self.watch_connected.set()
                     if was_open:  # the first connect is no reconnect
                         self.reconnects += 1
@@ -325,7 +388,11 @@ class LighthouseClient:
                     sender = asyncio.ensure_future(self._send_heartbeats(ws))
                     try:
                         async for msg in ws:
-                            if msg.type == aiohttp.WSMsgType.TEXT:
+                            if msg.type != aiohttp.WSMsgType.TEXT:
+                                continue
+                            if msg.data.startswith('{"kind":"quorum"'):  # the answer to a WatchQuorum
+                                self._quorum_answered(msg.data)
+                            else:
                                 self._handle_push(AbortSignal.model_validate_json(msg.data))
                     finally:
                         sender.cancel()
@@ -337,6 +404,8 @@ class LighthouseClient:
             except (TimeoutError, aiohttp.ClientError, ConnectionError, ValidationError):
                 pass  # reconnect: the lighthouse may be restarting
             self.watch_connected.clear()
+            self._ws = None
+            self._fail_asked()
             if self._link_lost is not None:  # it was open: abandon what waits on the old lighthouse
                 lost, self._link_lost = self._link_lost, None
                 lost.set_result(None)
@@ -351,6 +420,8 @@ class LighthouseClient:
             await asyncio.sleep(self._interval)
 
     def _handle_push(self, signal: AbortSignal) -> None:
+        if signal.heartbeat_interval_s is not None:  # the lighthouse paces its groups' heartbeats (grows with them)
+            self._interval = signal.heartbeat_interval_s
         abort_below = signal.abort_below
         if abort_below != self.abort_below:
             self.abort_below = abort_below

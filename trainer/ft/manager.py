@@ -16,7 +16,7 @@ Step protocol (the lighthouse API is ftjob.contract.lighthouse_api):
   prefetch_quorum()       optional, after a commit: asks for the next step's quorum while the optimizer steps.
 Every ``digest_every`` steps the group reports a digest of its parameters and optimizer state (ftjob.ft.integrity).
 Failures never block longer than ``collective_timeout_s``, and the lighthouse's abort signal (a member evicted,
-timed out or disconnected) wakes a pending collective at once.
+timed out or disconnected) wakes a pending collective at once, on every rank (ftjob.ft.control_plane).
 
 The state dict is checked when the Manager is built and whenever a snapshot is served: a state recovery cannot carry
 fails this group with StateDictError (saying which entry and why), never a peer that asked to heal from it.
@@ -35,10 +35,11 @@ from typing import Any
 import torch
 from ftjob.contract.lighthouse_api import QuorumRequest, QuorumResponse
 from ftjob.contract.tls import TlsConfig
+from ftjob.ft.control_plane import ControlPlane
 from ftjob.ft.grad_sync import GradientSync
 from ftjob.ft.guard import DEFAULT_NORM_RATIO, GuardConfig
 from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY, Integrity
-from ftjob.ft.lighthouse_client import EvictedError, LighthouseClient, LighthouseError
+from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
 from ftjob.ft.manager_group import InGroup
 from ftjob.ft.manager_types import GroupAnswer as _GroupAnswer
 from ftjob.ft.manager_types import InitialSyncError, QuorumInfo, QuorumUnavailable
@@ -119,22 +120,15 @@ class Manager:
         )
         self._grads = GradientSync(self._pg, cfg.bucket_bytes, cfg.world_size == 1, guard.enabled, int(cfg.group))
         self._recovery = RecoveryServer(cfg.token, cfg.advertise_addr, cfg.recovery_port, tls=cfg.tls)
-        endpoints = self._group.all_gather_json([self._recovery.address, self._pg.store_address])
+        # only rank 0 talks to the lighthouse; the group link reaches the other ranks
+        self._control = ControlPlane(cfg, self._on_abort, self.trainer_metrics.lighthouse_reconnected)
+        endpoints = self._group.all_gather_json(
+            [self._recovery.address, self._pg.store_address, self._control.link_address]
+        )
         self._addresses = [e[0] for e in endpoints]
         self._store_addresses = [e[1] for e in endpoints]
         self.incarnation = self._group.broadcast_json(uuid.uuid4().hex[:16])
-        self._client = LighthouseClient(
-            cfg.lighthouse_url,
-            cfg.token,
-            cfg.group,
-            self.incarnation,
-            rank=cfg.rank,
-            heartbeat_interval_s=cfg.heartbeat_interval_s,
-            on_abort=self._on_abort,
-            lost_timeout_s=cfg.lost_timeout_s,
-            on_reconnect=self.trainer_metrics.lighthouse_reconnected,
-            tls=cfg.tls,
-        ).start()
+        self._control.connect(endpoints[0][2], self.incarnation)
         self._fresh = cfg.sync_at_start  # not yet synced with the job (only matters while step == 0)
         self._quorum_id = -1  # last quorum id seen (reported so a restarted lighthouse keeps ids increasing)
         self._inflight: int | None = None  # quorum id of the step in progress
@@ -165,9 +159,9 @@ class Manager:
 
     # --- abort signal ------------------------------------------------------------------------------------------
     def _should_abort(self) -> bool:
-        return self._inflight is not None and self._inflight < self._client.abort_below
+        return self._inflight is not None and self._control.aborts(self._inflight)
 
-    def _on_abort(self, _abort_below: int) -> None:  # lighthouse client thread
+    def _on_abort(self, _abort_below: int) -> None:  # lighthouse client thread (rank 0) or group link thread
         if self._should_abort():
             self._pg.interrupt()
 
@@ -193,7 +187,7 @@ class Manager:
         """Sends the next step's quorum request now (right after a commit), so its round-trip overlaps the
         optimizer step instead of opening the next step; start_quorum() then collects the answer."""
         if self.cfg.rank == 0 and self._prefetched is None:
-            self._prefetched = self._client.quorum_async(self._quorum_request(), self.cfg.quorum_timeout_s)
+            self._prefetched = self._control.client.quorum_async(self._quorum_request(), self.cfg.quorum_timeout_s)
 
     def _ask_lighthouse(self) -> _GroupAnswer:
         if self.cfg.rank != 0:
@@ -201,19 +195,21 @@ class Manager:
         pending, self._prefetched = self._prefetched, None
         try:
             if pending is not None:
-                answer = pending.result(self._client.quorum_wait_bound(self.cfg.quorum_timeout_s))
+                answer = pending.result(self._control.client.quorum_wait_bound(self.cfg.quorum_timeout_s))
             else:
-                answer = self._client.quorum(self._quorum_request(), self.cfg.quorum_timeout_s)
+                answer = self._control.client.quorum(self._quorum_request(), self.cfg.quorum_timeout_s)
             self._last_heal_s = None
             return _GroupAnswer(quorum=answer)
         except EvictedError as e:
             return _GroupAnswer(error=str(e), evicted=True)
         except (LighthouseError, TimeoutError) as e:
+            self._control.check()  # this group lost a rank (it left the lighthouse): no broadcast to the dead rank
             return _GroupAnswer(error=str(e))
 
     def start_quorum(self) -> QuorumInfo:
         """Joins this step's quorum; heals first if behind. Raises EvictedError / QuorumUnavailable (exit),
-        StateDictError (this group's state cannot be served to a healing peer), InitialSyncError."""
+        StateDictError (this group's state cannot be served to a healing peer), InitialSyncError, GroupLinkLost."""
+        self._control.check()  # a rank of this group died: the whole group exits
         self._t_quorum_start = time.monotonic()
         if self._t_commit is None:
             self._t_commit = self._t_quorum_start  # the first step's time counts from its quorum request
@@ -227,7 +223,7 @@ class Manager:
             raise QuorumUnavailable(f"group {self.cfg.group}: {answer.error}")
         q = answer.quorum
         self._quorum_id = self._inflight = q.quorum_id
-        self._client.progress += 1
+        self._control.progress()
         self.metrics["quorums"] += 1
         if q.serve_recovery:  # a healer copies from us: snapshot now, at the step boundary; served aside
             self._publish()
@@ -303,7 +299,7 @@ class Manager:
             self._fail(why, "heal")
             return False
         self.step = q.max_step
-        self._client.step = self.step
+        self._control.set_step(self.step)
         self._last_heal_s = time.monotonic() - start
         self.metrics["heals"] += 1
         self.metrics["heal_seconds"] += self._last_heal_s
@@ -330,13 +326,13 @@ class Manager:
             return  # no process group for this quorum: nothing to take part in
         # A step that already failed (e.g. its heal) still takes part, sending zeros, so its peers are not left
         # waiting for a collective timeout; its own result is discarded by should_commit().
-        self._client.waiting, self._client.progress = True, self._client.progress + 1  # seen by stall detection
+        self._control.progress(waiting=True)  # seen by stall detection
         try:
             error = self._grads.allreduce(
                 params, info.num_contributors, info.contributing, self._step_error is not None, self._should_abort
             )
         finally:
-            self._client.waiting, self._client.progress = False, self._client.progress + 1
+            self._control.progress(waiting=False)
         if error is not None:
             self.metrics["aborted_collectives"] += 1
             self._fail(error, "collective")
@@ -367,7 +363,7 @@ class Manager:
             self.last_error = pooled or self._step_error or "another rank of this group could not commit"
             reason = "guard" if pooled else self._fail_reason if self._step_error is not None else "peer"
             self.trainer_metrics.commit_failed(reason)
-        self._client.step = self.step
+        self._control.set_step(self.step)
         self._info = None
         self._inflight = None
         self._grads.disarm()
@@ -392,14 +388,11 @@ class Manager:
 
     def report_finished(self, param_digest: str) -> None:
         """Tells the lighthouse this group trained its last step, with a digest of its parameters."""
-        if self.cfg.rank == 0:
-            self._client.heartbeat(
-                self.step, finished=True, param_digest=param_digest, timeout_s=self.cfg.lost_timeout_s
-            )
+        self._control.report_finished(self.step, param_digest)
 
     def shutdown(self) -> None:
         if self._prefetched is not None:
             self._prefetched.cancel()  # the lighthouse then forgets the request (its connection closes)
-        self._client.close()
+        self._control.close()
         self._recovery.close()
         self._pg.close()

@@ -14,6 +14,9 @@ class LighthouseMetrics:
         self.max_step = Gauge("ftjob_lighthouse_max_step", "Highest committed step a quorum started from", registry=r)
         self.live_groups = Gauge("ftjob_lighthouse_live_groups", "Groups with a recent heartbeat", registry=r)
         self.quorums = Counter("ftjob_lighthouse_quorums", "Quorums issued (one per step)", registry=r)
+        self.heartbeats = Counter(
+            "ftjob_lighthouse_heartbeats", "Rank-0 heartbeats received on watch sockets", registry=r
+        )
         self.quorum_changes = Counter(
             "ftjob_lighthouse_quorum_changes", "Quorums whose id changed (process groups rebuilt)", registry=r
         )

@@ -27,14 +27,16 @@ from ftjob.contract.lighthouse_api import (
     QuorumEvent,
     QuorumMember,
     QuorumRequest,
-    QuorumResponse,
     RecoverySource,
     StatusResponse,
 )
+from ftjob.lighthouse.answers import Answers, Own
 from ftjob.lighthouse.handover import Handovers
 from ftjob.lighthouse.stall import StallRule
 
 log = logging.getLogger("ftjob.lighthouse")
+# The stall rule scans every member (O(n)): checked at most this often, a small fraction of its >= 1 s limit
+STALL_CHECK_S = 0.1
 
 
 class QuorumError(Exception):
@@ -43,6 +45,11 @@ class QuorumError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class BadRequest(QuorumError):
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message)
 
 
 @dataclass
@@ -79,7 +86,7 @@ class Formed:
     groups: tuple[str, ...]
     changed: bool
     heals: int
-    responses: dict[str, QuorumResponse]
+    responses: Answers  # group -> QuorumResponse; .encoded(group): its JSON, the shared part encoded once
 
 
 def group_sort_key(group: str) -> tuple[int, int, str]:
@@ -112,6 +119,7 @@ class QuorumCore:
         # quorum confirms it first: when no surviving group holds that step any more, training goes on from the best.
         self.step_floor_until = step_floor_until
         self.stall = stall if stall is not None else StallRule()  # progress-based eviction of a frozen member
+        self._next_stall_check = -float("inf")
         self.abort_below = 0  # in-flight quorums with an id below this must abort their collectives
         self.desired: int | None = None  # contributing groups wanted; None = every up-to-date member
         self.group_limit: int | None = None  # group ids the operator created are below this; None = unbounded
@@ -210,8 +218,10 @@ class QuorumCore:
             if until <= now:
                 del self._starting[group]
         self._handovers.expire(now)
-        for group, why in self.stall.stalled(self.members, self._prev, now, self._handovers.quiet):
-            dropped += self.evict([group], f"stalled: {why}", now)
+        if now >= self._next_stall_check:  # O(members): a few times a second, not at every request
+            self._next_stall_check = now + STALL_CHECK_S
+            for group, why in self.stall.stalled(self.members, self._prev, now, self._handovers.quiet):
+                dropped += self.evict([group], f"stalled: {why}", now)
         return dropped
 
     def disconnected(self, group: str, incarnation: str, now: float) -> bool:
@@ -404,7 +414,7 @@ class QuorumCore:
             member.contributing = member.group in contributor_rank
         serving = {s.group for s in sources.values() if s is not None}
         first = askers[0]
-        responses: dict[str, QuorumResponse] = {}
+        own: dict[str, Own] = {}  # each member's own fields; the rest is shared (ftjob.lighthouse.answers)
         for replica_rank, member in enumerate(askers):
             source = sources[member.group]
             recover_from = None
@@ -412,22 +422,8 @@ class QuorumCore:
                 recover_from = RecoverySource(
                     group=source.group, address=source.address, addresses=source.addresses, step=source.step
                 )
-            responses[member.group] = QuorumResponse(
-                quorum_id=self.quorum_id,
-                max_step=max_step,
-                replica_rank=replica_rank,
-                replica_world_size=len(askers),
-                contributing=member.contributing,
-                contributor_rank=contributor_rank.get(member.group, -1),
-                num_contributors=len(contributors),
-                heal=source is not None,
-                recover_from=recover_from,
-                store_address=first.store_address,
-                store_addresses=first.store_addresses,
-                store_prefix=f"ftjob/q{self.quorum_id}",
-                serve_recovery=member.group in serving,
-                abort_below=self.abort_below,
-            )
+            own[member.group] = Own(replica_rank, member.contributing, contributor_rank.get(member.group, -1),
+                                    recover_from, member.group in serving)  # fmt: skip
             self._set_asking(member, False)
             member.commit_failures = 0
             member.waiting, member.progress_at = False, now  # a new step starts now (ftjob.lighthouse.stall)
@@ -442,7 +438,17 @@ class QuorumCore:
         self.committed_step = max(self.committed_step, max_step)
         self.blocked_reason = ""
         self.stall.formed(now)
-        return Formed(self.quorum_id, max_step, tuple(keys), changed, heals, responses)
+        shared = {
+            "quorum_id": self.quorum_id,
+            "max_step": max_step,
+            "replica_world_size": len(askers),
+            "num_contributors": len(contributors),
+            "store_address": first.store_address,
+            "store_addresses": first.store_addresses,
+            "store_prefix": f"ftjob/q{self.quorum_id}",
+            "abort_below": self.abort_below,
+        }
+        return Formed(self.quorum_id, max_step, tuple(keys), changed, heals, Answers(shared, own))
 
     @staticmethod
     def _initial_sync(askers: list[Member], up_to_date: list[Member], max_step: int) -> tuple[Member | None, set[str]]:

@@ -1,5 +1,6 @@
 """The lighthouse's HTTP/WebSocket front end (aiohttp): authentication, request validation, long-polled quorum
-requests, the operator's membership API, status, metrics and the per-rank watch sockets that push abort signals.
+requests, the operator's membership API, status, metrics and the groups' watch sockets that push abort signals
+(ftjob.lighthouse.watch_socket).
 
 All state lives in one QuorumCore driven from this event loop; a ticker re-evaluates it for heartbeat expiry and
 join timeouts. Every rejected request changes nothing.
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 from ftjob import contract
 from ftjob.contract.lighthouse_api import (
     AbortSignal,
@@ -30,20 +31,21 @@ from ftjob.contract.lighthouse_api import (
     HeartbeatResponse,
     QuorumMember,
     QuorumRequest,
-    QuorumResponse,
     Request,
     StartingRequest,
     StartingResponse,
     WatchHeartbeat,
-    WatchQuery,
     describe,
 )
+from ftjob.lighthouse.answers import Answers
 from ftjob.lighthouse.audit import AuditTrail
 from ftjob.lighthouse.auditing import LIGHTHOUSE, Auditor, actor_of, name_sender, peer_of
 from ftjob.lighthouse.integrity import IntegrityChecks
 from ftjob.lighthouse.metrics import LighthouseMetrics
-from ftjob.lighthouse.quorum import Formed, QuorumCore, QuorumError
+from ftjob.lighthouse.quorum import BadRequest, Formed, QuorumCore, QuorumError
 from ftjob.lighthouse.state import PersistedState, save_state
+from ftjob.lighthouse.watch import HeartbeatPace, send_now
+from ftjob.lighthouse.watch_socket import WatchSocketEndpoint
 from pydantic import ValidationError
 
 log = logging.getLogger("ftjob.lighthouse")
@@ -65,11 +67,6 @@ _KNOWN_PATHS = {
 R = TypeVar("R", bound=Request)
 
 
-class BadRequest(QuorumError):
-    def __init__(self, message: str) -> None:
-        super().__init__(400, message)
-
-
 def reply(answer: Answer, status: int = 200, exclude_none: bool = False) -> web.Response:
     body = answer.model_dump_json(exclude_none=exclude_none)
     return web.Response(body=body, status=status, content_type="application/json")
@@ -89,7 +86,7 @@ async def parse(request: web.Request, model: type[R]) -> R:
     return body
 
 
-class LighthouseServer:
+class LighthouseServer(WatchSocketEndpoint):
     def __init__(
         self,
         core: QuorumCore,
@@ -111,14 +108,17 @@ class LighthouseServer:
         self._state_file = state_file
         self._tick_s = tick_s
         self._clock = clock
-        self._waiters: dict[str, tuple[str, asyncio.Future[QuorumResponse]]] = {}
+        self._waiters: dict[str, tuple[str, asyncio.Future[Answers]]] = {}
         self._watchers: dict[str, set[tuple[str, web.WebSocketResponse]]] = {}
         self._pushed_abort = core.abort_below
         self._saved = PersistedState(quorum_id=core.quorum_id, committed_step=core.committed_step)
         self._members_cache: tuple[int, list[QuorumMember]] | None = None
         self._formations = 0
         self._ticker: asyncio.Task[None] | None = None
-        self._sends: set[asyncio.Future[None]] = set()  # pushes in flight (kept referenced until done)
+        self.pace = HeartbeatPace(core.heartbeat_timeout_s)  # the heartbeat period the groups are told
+        self._pushed_interval = self.pace.interval(0)
+        self.heartbeats = 0  # rank-0 heartbeats received (the metric follows it at each tick)
+        self._request_seconds = {p: self.metrics.request_seconds.labels(p) for p in (*_KNOWN_PATHS, "other")}
 
     # --- app wiring ----------------------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -158,10 +158,13 @@ class LighthouseServer:
         await asyncio.gather(*(ws.close(code=1001, message=b"lighthouse shutting down") for ws in sockets))
 
     async def _tick_forever(self) -> None:
+        self._counted_beats = 0
         while True:
             await asyncio.sleep(self._tick_s)
             try:
                 self._advance()
+                self.metrics.heartbeats.inc(self.heartbeats - self._counted_beats)
+                self._counted_beats = self.heartbeats
             except Exception:  # keep serving: a bug in one tick must not stop liveness checks
                 log.exception("lighthouse tick failed")
 
@@ -185,7 +188,7 @@ class LighthouseServer:
             return self._refuse(request, e.status, f"{e.reason}: {request.method} {request.path}")
         finally:
             if path != contract.PATH_WATCH:
-                self.metrics.request_seconds.labels(path).observe(time.perf_counter() - start)
+                self._request_seconds[path].observe(time.perf_counter() - start)
 
     def _refuse(self, request: web.Request, status: int, message: str) -> web.Response:
         self.auditor.refused(request, status, message, self._clock())
@@ -214,10 +217,15 @@ class LighthouseServer:
         self.core.dropped_events.clear()
         self.auditor.drained()
         self.metrics.live_groups.set(len(self.core.members))
-        if self.core.abort_below != self._pushed_abort:
-            self._pushed_abort = self.core.abort_below
-            self._push(AbortSignal(quorum_id=self.core.quorum_id, abort_below=self.core.abort_below))
+        interval = self.core.stall.heartbeat_interval_s = self.pace.interval(len(self.core.members))
+        if self.core.abort_below != self._pushed_abort or interval != self._pushed_interval:
+            self._pushed_abort, self._pushed_interval = self.core.abort_below, interval
+            self._push(self._signal())
         self._persist()
+
+    def _signal(self) -> AbortSignal:
+        return AbortSignal(quorum_id=self.core.quorum_id, abort_below=self.core.abort_below,
+                           heartbeat_interval_s=self._pushed_interval)  # fmt: skip
 
     def _issue(self, formed: Formed, now: float) -> None:
         self._formations += 1
@@ -230,10 +238,10 @@ class LighthouseServer:
             log.info("quorum %d: %d groups at step %d", formed.quorum_id, len(formed.groups), formed.max_step)
         if formed.heals:
             self.metrics.heals.inc(formed.heals)
-        for group, body in formed.responses.items():
+        for group in formed.responses:
             waiter = self._waiters.pop(group, None)
             if waiter and not waiter[1].done():
-                waiter[1].set_result(body)
+                waiter[1].set_result(formed.responses)
         found = self.integrity.quorum_formed(formed.quorum_id, formed.max_step, formed.groups, now, self._incarnation)
         self.auditor.enforce(found, LIGHTHOUSE, LIGHTHOUSE, now)  # digests compared: may evict a divergent member
 
@@ -242,19 +250,18 @@ class LighthouseServer:
         return member.incarnation if member is not None else None
 
     def _persist(self) -> None:
+        if (self.core.quorum_id, self.core.committed_step) == (self._saved.quorum_id, self._saved.committed_step):
+            return  # the common case, checked without building a model
         state = PersistedState(quorum_id=self.core.quorum_id, committed_step=self.core.committed_step)
-        if self._state_file and state != self._saved:
+        if self._state_file:
             save_state(self._state_file, state)
         self._saved = state
 
     def _push(self, message: AbortSignal) -> None:
-        text = message.model_dump_json()
+        frame = message.model_dump_json().encode()  # encoded once, written to every socket now (no task each)
         for sockets in self._watchers.values():
             for _inc, ws in sockets:
-                if not ws.closed:
-                    send = asyncio.ensure_future(ws.send_str(text))
-                    self._sends.add(send)
-                    send.add_done_callback(self._sends.discard)
+                send_now(ws, frame)
 
     def _members(self) -> list[QuorumMember]:
         if self._members_cache is None or self._members_cache[0] != self._formations:
@@ -264,13 +271,40 @@ class LighthouseServer:
     # --- handlers ------------------------------------------------------------------------------------------------
     async def _quorum(self, request: web.Request) -> web.Response:
         req = await parse(request, QuorumRequest)
-        group, incarnation, now, actor = req.group, req.incarnation, self._clock(), actor_of(request)
+        fut = self._enqueue(request, req)
+        try:
+            answers = await asyncio.wait_for(asyncio.shield(fut), req.timeout_s)
+        except TimeoutError:
+            self._forget(req.group, req.incarnation, fut)
+            return refuse(504, self._timed_out(req))
+        except asyncio.CancelledError:  # the client went away: it will not hear this quorum
+            self._forget(req.group, req.incarnation, fut)
+            raise
+        if req.want_members:  # no members list unless asked for
+            answer = answers[req.group].model_copy(update={"members": self._members()})
+            return reply(answer, exclude_none=True)
+        return web.Response(body=answers.encoded(req.group), content_type="application/json")
+
+    def _timed_out(self, req: QuorumRequest) -> str:
+        return f"no quorum within {req.timeout_s}s ({self.core.blocked_reason or 'quorum not formed yet'}); retry"
+
+    def _enqueue(self, request: web.Request, req: QuorumRequest) -> asyncio.Future[Answers]:
+        """Registers a validated quorum request (403/410/400 before any change); the future resolves to the quorum's
+        answers when it forms, or fails with a QuorumError (409 superseded or dropped, 410 evicted, 503)."""
+        group, incarnation, now = req.group, req.incarnation, self._clock()
         self.integrity.validate(req)  # 400 for a verdict or digest no honest group sends, before any change
+        member = self.core.members.get(group)
         try:  # 403/410 (an id outside the job's, an evicted incarnation) before any change
-            self.auditor.touch(group, incarnation, actor, "quorum request", now, lambda: self.core.request(req, now))
+            if member is not None and member.incarnation == incarnation:  # the steady state: nothing to audit
+                self.core.request(req, now)
+            else:
+                call = lambda: self.core.request(req, now)  # noqa: E731
+                self.auditor.touch(group, incarnation, actor_of(request), "quorum request", now, call)
         except QuorumError as e:
             raise QuorumError(410, f"{e} ({self._last_drop(group)})") if e.status == 410 else e from None
-        self.auditor.enforce(self.integrity.report(req, now, self._incarnation), actor, peer_of(request), now)
+        found = self.integrity.report(req, now, self._incarnation)
+        if found or req.state_digest is not None:
+            self.auditor.enforce(found, actor_of(request), peer_of(request), now)
         if self._incarnation(group) != incarnation:  # the integrity checks just evicted the asker itself
             self._advance()
             raise QuorumError(410, f"group {group!r} incarnation {incarnation!r} was {self._last_drop(group)}")
@@ -279,28 +313,21 @@ class LighthouseServer:
         old = self._waiters.pop(group, None)
         if old and not old[1].done():
             old[1].set_exception(QuorumError(409, f"superseded by a newer quorum request from group {group!r}"))
-        fut: asyncio.Future[QuorumResponse] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Answers] = asyncio.get_running_loop().create_future()
         self._waiters[group] = (incarnation, fut)
-        self._advance()
-        try:
-            answer = await asyncio.wait_for(asyncio.shield(fut), req.timeout_s)
-        except TimeoutError:
-            self._forget(group, incarnation, fut)
-            reason = self.core.blocked_reason or "quorum not formed yet"
-            return refuse(504, f"no quorum within {req.timeout_s}s ({reason}); retry")
-        except asyncio.CancelledError:  # the client went away: it will not hear this quorum
-            self._forget(group, incarnation, fut)
-            raise
-        if req.want_members:
-            answer = answer.model_copy(update={"members": self._members()})
-        return reply(answer, exclude_none=True)  # no members list unless asked for
+        if self.core.dropped_events:  # it replaced an incarnation: the full round (abort, the old one's waiter)
+            self._advance()
+        elif (formed := self.core.poll(now)) is not None:  # else only what a request changes: O(1) till it forms
+            self._issue(formed, now)
+            self._advance()  # the rest (persist, metrics) once per quorum; the ticker expires heartbeats
+        return fut
 
     def _last_drop(self, group: str) -> str:
         """Why the group was last dropped (for a 410: an evicted process learns why before it exits)."""
         reasons = [e.reason for e in self.core.history if e.event == "dropped" and e.group == group]
         return reasons[-1] if reasons else "dropped"
 
-    def _forget(self, group: str, incarnation: str, fut: asyncio.Future[QuorumResponse]) -> None:
+    def _forget(self, group: str, incarnation: str, fut: asyncio.Future[Answers]) -> None:
         if self._waiters.get(group, (None, None))[1] is fut:
             del self._waiters[group]
             self.core.withdraw(group, incarnation)
@@ -320,7 +347,11 @@ class LighthouseServer:
             self.core.heartbeat(group, incarnation, beat.step, now, beat.finished, beat.param_digest, beat.progress,
                                 beat.waiting)  # fmt: skip
 
-        self.auditor.touch(group, incarnation, actor, how, now, call)
+        member = self.core.members.get(group)
+        if member is not None and member.incarnation == incarnation and not beat.finished:
+            call()  # the steady state (most of the lighthouse's work at scale): nothing to audit, no auditor's round
+        else:
+            self.auditor.touch(group, incarnation, actor, how, now, call)
 
     async def _evict(self, request: web.Request) -> web.Response:
         req = await parse(request, EvictRequest)
@@ -363,38 +394,3 @@ class LighthouseServer:
 
     async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
-
-    async def _watch(self, request: web.Request) -> web.WebSocketResponse:
-        try:
-            query = WatchQuery.model_validate(dict(request.query))
-        except ValidationError as e:
-            raise BadRequest(describe(e)) from None
-        group, incarnation, rank = query.group, query.incarnation, query.rank
-        name_sender(request, group, incarnation)
-        actor = actor_of(request)
-        if rank == 0:  # 403/410 (an id outside the job's, an evicted incarnation) before the upgrade
-            self._beat(group, incarnation, actor, "watch socket", WatchHeartbeat(step=0))
-        ws = web.WebSocketResponse(heartbeat=None)
-        await ws.prepare(request)
-        entry = (incarnation, ws)
-        self._watchers.setdefault(group, set()).add(entry)
-        try:
-            hello = AbortSignal(quorum_id=self.core.quorum_id, abort_below=self.core.abort_below)
-            await ws.send_str(hello.model_dump_json())
-            async for msg in ws:
-                if msg.type != WSMsgType.TEXT or rank != 0:
-                    continue
-                try:
-                    beat = WatchHeartbeat.model_validate_json(msg.data)
-                    self._beat(group, incarnation, actor, "watch heartbeat", beat)
-                except QuorumError as e:
-                    self._refuse(request, e.status, f"watch socket closed with {4000 + e.status}: {e}")
-                    await ws.close(code=4000 + e.status, message=str(e)[:120].encode())
-                except ValidationError as e:  # a client bug: say why and hang up (it reconnects with fixed beats)
-                    self._refuse(request, 400, f"watch socket closed with 4400: {describe(e)}")
-                    await ws.close(code=4400, message=describe(e)[:120].encode())
-        finally:
-            self._watchers.get(group, set()).discard(entry)
-            if self.core.disconnected(group, incarnation, self._clock()):
-                self._advance()
-        return ws

@@ -34,6 +34,7 @@ from typing import Protocol
 DEFAULT_FACTOR = 3.0
 DEFAULT_FLOOR_S = 1.0
 MIN_INTERVALS = 5
+HEARTBEATS_JUDGED = 3
 INTERVALS_KEPT = 32
 
 
@@ -55,6 +56,7 @@ class StallRule:
 
     factor: float = DEFAULT_FACTOR
     floor_s: float = DEFAULT_FLOOR_S
+    heartbeat_interval_s: float = 0.1  # the period the lighthouse tells the groups (it grows with their number)
     _last_formed: float | None = None
     _intervals: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=INTERVALS_KEPT))
 
@@ -76,7 +78,8 @@ class StallRule:
         median = self.median_step_s()
         if self.factor == 0 or median is None:
             return None
-        return max(self.floor_s, self.factor * median)
+        # never judge on fewer than HEARTBEATS_JUDGED missed beats: at 12,500 groups a beat comes every 1.25 s
+        return max(self.floor_s, self.factor * median, HEARTBEATS_JUDGED * self.heartbeat_interval_s)
 
     @staticmethod
     def beat(member: Progressing, progress: int, waiting: bool, now: float) -> None:
@@ -111,7 +114,8 @@ class StallRule:
         return found
 
     def _limit_words(self) -> str:
-        return f"max({self.floor_s:g}s, {self.factor:g} x median step {self.median_step_s():.3f}s)"
+        return (f"max({self.floor_s:g}s, {self.factor:g} x median step {self.median_step_s():.3f}s, "
+                f"{HEARTBEATS_JUDGED} x heartbeat {self.heartbeat_interval_s:g}s)")  # fmt: skip
 
     def _blocking(self, members: Mapping[str, Progressing], in_flight: Mapping[str, str], now: float, limit: float
                   ) -> list[tuple[str, str]]:  # fmt: skip
