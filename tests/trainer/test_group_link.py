@@ -162,14 +162,6 @@ def test_only_rank_0_connects_yet_rank_1_hears_the_abort_and_a_dead_rank_drops_t
     assert "GroupLinkLost" in survivor[0].log.read_text()
 
 
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        p.kill()
-
-
 def test_a_group_of_one_has_no_link():
     before = threading.active_count()
     cfg = ManagerConfig(group="0", lighthouse_url="http://127.0.0.1:1", token=TOKEN, tls=None)

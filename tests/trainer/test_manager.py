@@ -8,21 +8,12 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import DroppedEvent
 from helpers import wait_for
 from test_manager_worker import Lighthouse, Worker
 
 TIMEOUT = 120  # generous: 2 shared cores, and every process imports torch
-
-
-@pytest.fixture
-def procs():
-    started: list[Worker | Lighthouse] = []
-    yield started
-    for p in started:
-        p.kill()
 
 
 def start(procs: list, proc: Worker | Lighthouse) -> Worker | Lighthouse:

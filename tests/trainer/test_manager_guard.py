@@ -21,14 +21,6 @@ LIGHTHOUSE_ARGS = ("--min-replicas", "2", "--guard-max-offences", "100")
 WORKER_ARGS = ("--steps", str(STEPS), "--min-replicas", "2")
 
 
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        p.kill()
-
-
 def run_job(tmp_path: Path, procs: list, fault: str | None) -> tuple[Lighthouse, list[Worker], list[dict]]:
     lh = Lighthouse(tmp_path, *LIGHTHOUSE_ARGS).start()
     procs.append(lh)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import pytest
 from helpers import wait_for
 from test_manager_worker import Lighthouse, Worker
 
@@ -17,14 +16,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        p.kill()
 
 
 def start_group(procs: list, tmp_path: Path, url: str, group: str, *args: str) -> list[Worker]:
