@@ -24,7 +24,7 @@ from ftjob.ft.digest import digest_of, full_params
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.data import Corpus, SampleSource, shard_range
 from ftjob.gpt.model import build_model
-from ftjob.gpt.train import forward_backward, lr_at, make_optimizer, set_lr
+from ftjob.gpt.train import CpuMeter, forward_backward, lr_at, make_optimizer, set_lr
 from ftjob.launch.procs import free_port
 from torch.nn.parallel import DistributedDataParallel
 
@@ -37,22 +37,37 @@ def worker(rank: int, world: int, port: int, cfg: TrainConfig, out: Path) -> Non
     optimizer = make_optimizer(model, cfg)
     source = SampleSource(Corpus.load(cfg.corpus_root, cfg.corpus_bytes), model.cfg.block_size)
     cursor, times, loss = 0, [], float("nan")
+    phases: list[dict[str, float]] = []  # per step: compute (forward, backward and DDP's all-reduces), optimizer
+    cpu = CpuMeter()
     for step in range(cfg.steps):
+        t0 = time.monotonic()
         start, _ = shard_range(cursor, rank, world, cfg.batch_size)
         optimizer.zero_grad(set_to_none=False)
         loss = forward_backward(ddp, source, start, cfg.batch_size)
+        t1 = time.monotonic()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         set_lr(optimizer, lr_at(step, cfg))
         optimizer.step()
         cursor += world * cfg.batch_size
         times.append(time.time())
+        phases.append({"compute": t1 - t0, "optimizer": time.monotonic() - t1})
+        cpu.step_done()
         if rank == 0 and (step + 1) % cfg.log_every == 0:
             print(f"[ddp] step {step + 1}/{cfg.steps} loss {loss:.4f}", flush=True)
     params = full_params(model)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(params, out / f"final-params-rank-{rank}.pt")
     (out / f"ddp-rank-{rank}.json").write_text(
-        json.dumps({"rank": rank, "step_times": times, "param_digest": digest_of(params), "final_loss": loss})
+        json.dumps(
+            {
+                "rank": rank,
+                "step_times": times,
+                "param_digest": digest_of(params),
+                "final_loss": loss,
+                "phases": phases,
+                "cpu": cpu.per_step(),
+            }
+        )
     )
     dist.destroy_process_group()
 
@@ -94,6 +109,8 @@ class DDPResult:
     digests: list[str]
     step_times: list[list[float]]  # per rank: wall time at the end of each step
     final_loss: float
+    phases: list[list[dict[str, float]]]  # per rank, per step: seconds in compute / optimizer
+    cpu: list[dict[str, float]]  # per rank: CPU seconds per step, the process's and each thread's
 
 
 def run_ddp(cfg: TrainConfig, world: int, out: Path, timeout_s: float = 600.0) -> DDPResult:
@@ -118,6 +135,8 @@ def run_ddp(cfg: TrainConfig, world: int, out: Path, timeout_s: float = 600.0) -
         digests=[i["param_digest"] for i in infos],
         step_times=[i["step_times"] for i in infos],
         final_loss=infos[0]["final_loss"],
+        phases=[i["phases"] for i in infos],
+        cpu=[i["cpu"] for i in infos],
     )
 
 

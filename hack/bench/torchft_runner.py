@@ -34,7 +34,7 @@ from ftjob.ft.digest import digest_of, full_params
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.data import Corpus, SampleSource, shard_range
 from ftjob.gpt.model import build_model
-from ftjob.gpt.train import forward_backward, lr_at, make_optimizer, set_lr
+from ftjob.gpt.train import CpuMeter, forward_backward, lr_at, make_optimizer, set_lr
 from ftjob.launch.procs import free_port
 
 # The bound the bench uses for our side's collectives (TrainConfig.collective_timeout_s); quorum and connect
@@ -108,28 +108,46 @@ def worker(group: int, groups: int, lighthouse: str, cfg: TrainConfig, out: Path
     )
     ddp = DistributedDataParallel(manager, model)  # gradients averaged through manager.allreduce in backward
     times: list[float] = []
+    phases: list[dict[str, float]] = []  # per committed step: quorum, compute, commit (the vote), optimizer
+    cpu = CpuMeter()
     loss = float("nan")
     try:
         while manager.current_step() < cfg.steps:
             step = manager.current_step()
+            t0 = time.monotonic()
             manager.start_quorum()  # asynchronous by default: overlaps the forward pass
+            t1 = time.monotonic()
             optimizer.zero_grad(set_to_none=False)
             # Fixed shard per group (as torchft's own examples shard by replica group): with no failures this is
             # the sample range ours and DDP train for the same group/rank.
             start, _ = shard_range(cursor, group, groups, cfg.batch_size)
             loss = forward_backward(ddp, source, start, cfg.batch_size)
+            t2 = time.monotonic()
             if manager.should_commit():
+                t3 = time.monotonic()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 set_lr(optimizer, lr_at(step, cfg))
                 optimizer.step()
                 cursor += groups * cfg.batch_size
                 times.append(time.time())
+                t4 = time.monotonic()
+                phases.append({"quorum": t1 - t0, "compute": t2 - t1, "commit": t3 - t2, "optimizer": t4 - t3})
+                cpu.step_done()
                 if group == 0 and (step + 1) % cfg.log_every == 0:
                     print(f"[torchft] step {step + 1}/{cfg.steps} loss {loss:.4f}", flush=True)
         params = full_params(model)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"torchft-group-{group}.json").write_text(
-            json.dumps({"group": group, "step_times": times, "param_digest": digest_of(params), "final_loss": loss})
+            json.dumps(
+                {
+                    "group": group,
+                    "step_times": times,
+                    "param_digest": digest_of(params),
+                    "final_loss": loss,
+                    "phases": phases,
+                    "cpu": cpu.per_step(),
+                }
+            )
         )
     finally:
         manager.shutdown(wait=False)
@@ -141,6 +159,8 @@ class TorchftResult:
     digests: list[str]
     step_times: list[list[float]]  # per group: wall time when each committed step's optimizer step ended
     final_loss: float
+    phases: list[list[dict[str, float]]]  # per group, per committed step: seconds per phase
+    cpu: list[dict[str, float]]  # per group: CPU seconds per step, the process's and each thread's
 
 
 def _script(*args: str) -> list[str]:
@@ -239,6 +259,8 @@ def run_torchft(cfg: TrainConfig, groups: int, out: Path, timeout_s: float = 600
         digests=[i["param_digest"] for i in infos],
         step_times=[i["step_times"] for i in infos],
         final_loss=infos[0]["final_loss"],
+        phases=[i["phases"] for i in infos],
+        cpu=[i["cpu"] for i in infos],
     )
 
 

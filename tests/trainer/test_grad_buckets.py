@@ -52,3 +52,51 @@ def test_unflatten_divides_by_the_contributors_into_the_grads() -> None:
     grads = [torch.zeros(2), torch.zeros(3)]
     unflatten_into(torch.arange(5, dtype=torch.float32) * 3, grads, divisor=3)
     assert torch.equal(grads[0], torch.tensor([0.0, 1.0])) and torch.equal(grads[1], torch.tensor([2.0, 3.0, 4.0]))
+
+
+def _shares_memory(grad: torch.Tensor, flats: list[torch.Tensor]) -> bool:
+    return any(f.data_ptr() <= grad.data_ptr() < f.data_ptr() + f.numel() * f.element_size() for f in flats)
+
+
+def test_grads_are_views_of_the_buckets_and_a_released_step_leaves_them_to_the_collective() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    params = list(model.parameters())
+    launcher = BackwardLauncher(params, plan_buckets(params, bucket_bytes=64, first_bucket_bytes=32))
+    x = torch.randn(2, 4)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in params]  # one backward's gradient, computed without the launcher
+    model.zero_grad(set_to_none=True)
+
+    def step() -> list[torch.Tensor]:
+        launcher.arm(lambda flat: flat.mul_(2))  # a "collective" of two identical groups: the sum doubles
+        model(x).sum().backward()
+        flats, _, error = launcher.finish()
+        assert error is None
+        return flats
+
+    flats = step()
+    launcher.average(2)
+    for p, e in zip(params, expected, strict=True):
+        assert torch.equal(p.grad, e) and _shares_memory(p.grad, flats), "averaged in place, in the buckets"
+    model.zero_grad(set_to_none=False)  # the usual loop: zeroed in place, the next backward accumulates there
+    assert all(n is f for n, f in zip(step(), flats, strict=True)), "the same buckets, step after step"
+    launcher.average(2)
+    assert all(torch.equal(p.grad, e) for p, e in zip(params, expected, strict=True))
+
+    model.zero_grad(set_to_none=False)
+    flats = step()
+    launcher.release()  # abandoned: the collective may still write into the buckets
+    for p in params:
+        assert not _shares_memory(p.grad, flats)
+    model.zero_grad(set_to_none=False)
+    new = step()
+    assert not any(n.data_ptr() == f.data_ptr() for n, f in zip(new, flats, strict=True)), "fresh buckets"
+    launcher.average(2)
+    assert all(torch.equal(p.grad, e) for p, e in zip(params, expected, strict=True))
+
+    model.zero_grad(set_to_none=False)
+    step()  # started, never averaged nor released (no one waited): the next step must not reuse its buckets
+    unsettled = launcher.flats
+    assert not any(n.data_ptr() == f.data_ptr() for n, f in zip(step(), unsettled, strict=True))
+    launcher.remove()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import urllib.error
 import urllib.request
 
@@ -10,7 +11,7 @@ import torch
 from ftjob import contract
 from ftjob.contract.recovery_api import RecoveryManifest
 from ftjob.ft.recovery import RecoveryError, RecoveryServer, fetch_state
-from ftjob.ft.recovery_codec import CodecError, pack, unpack
+from ftjob.ft.recovery_codec import CodecError, chunk_sums, pack, unpack
 
 TOKEN = "recovery-token"
 
@@ -113,3 +114,65 @@ def test_wrong_token_and_stale_step_are_refused(server: RecoveryServer):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 401
+
+
+def zeros_like_state(state: object) -> object:
+    """The healer's own state: same structure and shapes, other values."""
+    if isinstance(state, torch.Tensor):
+        return torch.zeros_like(state)
+    if isinstance(state, dict):
+        return {k: zeros_like_state(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(zeros_like_state(v) for v in state)
+    return state
+
+
+def test_fetch_lands_in_the_receivers_own_tensors(server: RecoveryServer):
+    state = sample_state()
+    server.publish(4, state)
+    mine = zeros_like_state(state)
+    mine["model"]["0.bias"] = torch.zeros(30, dtype=torch.float32)  # another dtype: cannot take the bytes in place
+    mine["extra"]["mask"] = torch.zeros(4, dtype=torch.bool)[::2]  # not contiguous: neither
+    mine["model"]["1.bias"] = mine["model"]["1.weight"].view(-1)[:5]  # shares memory with another: only one of them
+    got, stats = fetch_state(server.address, 4, TOKEN, template=mine, parallel=4)
+    assert_same(state, got)
+    assert stats.chunks > 4 and stats.retries == 0
+    w, exp_avg = got["model"]["0.weight"], got["optim"]["state"][0]["exp_avg"]
+    assert w.data_ptr() == mine["model"]["0.weight"].data_ptr()  # received in place: no staging copy
+    assert exp_avg.data_ptr() == mine["optim"]["state"][0]["exp_avg"].data_ptr()
+    assert not mine["model"]["0.bias"].any() and not mine["extra"]["mask"].any()  # left alone
+    assert got["model"]["0.bias"].dtype == torch.float64
+    landed = [got["model"][k].data_ptr() == mine["model"][k].data_ptr() for k in ("1.weight", "1.bias")]
+    assert landed.count(True) == 1  # the other came through staging, and is right too (assert_same above)
+
+
+def test_fetch_not_in_place_leaves_the_template_alone(server: RecoveryServer):
+    state = sample_state()
+    server.publish(4, state)
+    mine = zeros_like_state(state)
+    got, _ = fetch_state(server.address, 4, TOKEN, template=mine, in_place=False)
+    assert_same(state, got)
+    assert not mine["model"]["0.weight"].any()
+
+
+def test_corrupted_chunk_landing_in_place_is_fetched_again(server: RecoveryServer):
+    state = sample_state()
+    server.publish(5, state)
+    server.corrupt_chunks = {0: 1, 2: 2}
+    got, stats = fetch_state(server.address, 5, TOKEN, template=zeros_like_state(state))
+    assert_same(state, got)
+    assert stats.retries == 3
+
+
+def test_chunk_checksum_adds_up_over_pieces_and_catches_moved_blocks():
+    data = torch.randint(0, 256, (3 * 4096 + 24,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    whole = chunk_sums(data.numpy())
+    for cuts in ([5, 4100, 9000], [8, 16, 4096, 12288], [1, 2, 3]):  # pieces at any offset, aligned or not
+        bounds = [0, *cuts, len(data)]
+        parts = [chunk_sums(data.numpy()[a:b], a) for a, b in itertools.pairwise(bounds)]
+        assert (sum(p[0] for p in parts) % 2**64, sum(p[1] for p in parts) % 2**64) == whole
+    flipped = data.clone()
+    flipped[5000] ^= 0x80
+    swapped = torch.cat([data[4096:8192], data[:4096], data[8192:]])  # same words, blocks moved
+    assert chunk_sums(flipped.numpy()) != whole
+    assert chunk_sums(swapped.numpy())[0] == whole[0] and chunk_sums(swapped.numpy()) != whole

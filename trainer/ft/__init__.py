@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from ftjob.ft.ddp import DistributedDataParallel
     from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
     from ftjob.ft.manager import InitialSyncError, Manager, ManagerConfig, QuorumInfo, QuorumUnavailable
+    from ftjob.ft.manager_types import StateLostError
     from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
     from ftjob.ft.optim import GradScaler, LRScheduler, Optimizer
     from ftjob.ft.session import Session, SessionConfig
@@ -58,6 +59,7 @@ _LAZY = {  # public name -> the module defining it
     **dict.fromkeys(("current_session", "init"), "setup"),
     **dict.fromkeys(("MicroBatch", "StepShard", "step_shard"), "sharding"),
     **dict.fromkeys(("StateDictError",), "state_check"),
+    **dict.fromkeys(("StateLostError",), "manager_types"),
 }
 
 
@@ -99,6 +101,7 @@ __all__ = [
     "Session",
     "SessionConfig",
     "StateDictError",
+    "StateLostError",
     "StepShard",
     "TrainerMetrics",
     "current_session",

@@ -155,6 +155,7 @@ class GradientSync:
         flats, works, error = launcher.finish()
         if error is not None:
             self._pg.abandon(works)  # some buckets never started: the group is already retired
+            launcher.release()
             return str(error)
         table = self._table(True, flats[0].device if flats else torch.device(self._pg.device)) if self._guard else None
         try:
@@ -162,13 +163,14 @@ class GradientSync:
                 works = [*works, self._pg.allreduce_start(table)]
         except CollectiveError as e:
             self._pg.abandon(works)  # the group was just retired with the buckets in flight
+            launcher.release()
             return str(e)
         try:
             self._pg.allreduce_wait(works, should_abort)
         except CollectiveError as e:
+            launcher.release()  # the abandoned collectives may still write into the buckets
             return str(e)
         if table is not None:
             self.guard_table = table.tolist()
-        for flat, b in zip(flats, launcher.buckets, strict=True):
-            unflatten_into(flat, [local_part(params[i].grad) for i in b], num_contributors)
+        launcher.average(num_contributors)  # the grads are views of the buckets: divided in place
         return None

@@ -29,6 +29,11 @@ class InitialSyncError(RuntimeError):
     """Copying the reference group's state at step 0 failed: this group exits (it would train its own weights)."""
 
 
+class StateLostError(RuntimeError):
+    """A failed heal left this group's state partly copied (received in place) and no peer is ahead to heal from:
+    the group exits rather than train or serve a torn state (its replacement restores the job's checkpoint)."""
+
+
 class GroupAnswer(BaseModel):
     """What rank 0 tells the other ranks of its group after asking the lighthouse."""
 

@@ -189,7 +189,8 @@ class CrossGroupPG:
     def allreduce_wait(self, works: list[Any], should_abort: Callable[[], bool]) -> None:
         """Waits for started all-reduces, bounded by the collective timeout and woken by an abort signal."""
         works = [w for w in works if w is not None]
-        if not works:
+        if all(w.is_completed() for w in works):  # done already (or nothing to wait for): no callbacks, no wake-up
+            self._check(works)
             return
         self._wake.clear()
         pending = [len(works)]
@@ -218,6 +219,9 @@ class CrossGroupPG:
                 raise CollectiveError(f"all-reduce timed out after {self.timeout_s}s")
             self._wake.wait(remaining)
             self._wake.clear()
+        self._check(works)
+
+    def _check(self, works: list[Any]) -> None:
         for w in works:
             try:
                 w.wait()  # completed: raises the collective's error, if any

@@ -1,12 +1,13 @@
 """Live recovery transport: a per-rank HTTP server that serves a snapshot of this rank's state, and the fetcher a
 healing rank uses to copy it.
 
-Serving never stalls training: ``publish`` makes one copy at the step boundary (recovery_codec.pack) and the server
-threads hash and send that copy while the training thread goes on. The wire carries JSON metadata and raw bytes only
-(never pickle), split into chunks that are CRC-checked on arrival, fetched in parallel over keep-alive
-connections, and fetched again when a checksum does not match. With a TlsConfig (the job's FTJOB_TLS_* files) the
-server speaks only TLS and the fetcher verifies the peer's certificate against the job's CA and the job's worker
-name (ftjob.contract.tls); without one both speak plain HTTP (local development).
+Serving never stalls training: ``publish`` makes one copy at the step boundary (recovery_codec.pack); a background
+thread checksums it and the server threads send it, straight from that copy, while the training thread goes on. The
+wire carries JSON metadata and raw bytes only (never pickle), split into chunks fetched in parallel over keep-alive
+connections, received straight into their final place (the receiver's own tensors when they match, else one staging
+buffer: no copy in between), checksummed there and fetched again when a checksum does not match. With a TlsConfig
+(the job's FTJOB_TLS_* files) the server speaks only TLS and the fetcher verifies the peer's certificate against the
+job's CA and the job's worker name (ftjob.contract.tls); without one both speak plain HTTP (local development).
 """
 
 from __future__ import annotations
@@ -14,55 +15,81 @@ from __future__ import annotations
 import hmac
 import http.client
 import logging
+import os
 import socket
 import ssl
 import threading
 import time
-import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
 import torch
 from ftjob import contract
 from ftjob.contract.lighthouse_api import ErrorResponse
 from ftjob.contract.recovery_api import Chunk, RecoveryManifest
 from ftjob.contract.tls import NamedHTTPSConnection, TlsConfig
 from ftjob.ft.process_group import split_address
-from ftjob.ft.recovery_codec import Packed, pack, unpack
+from ftjob.ft.recovery_codec import (
+    ALIGN,
+    Packed,
+    check_layout,
+    chunk_pieces,
+    chunk_sums,
+    host_buffer,
+    pack,
+    segments,
+    targets,
+    to_device,
+    unpack,
+)
 from pydantic import ValidationError
 
 log = logging.getLogger("ftjob.recovery")
-CHUNK_BYTES = 4 * 1024 * 1024
+CHUNK_BYTES = 16 * 1024 * 1024  # fewer requests (HTTP parsing holds the GIL): 1 MiB 0.5x, 4 MiB 0.85x of 16 here
+MASK = 2**64 - 1
+PAGE = 4096
+# Each connection's receive window. Autotuned ones grow to 32 MiB (tcp_rmem): 4 streams then put ~2,000 64 KiB
+# packets in flight, loopback's backlog (netdev_max_backlog 1000) drops some, and a 200 ms retransmit timeout stalls
+# the copy (0.1 s -> 0.45 s for 256 MiB here). 4 MiB x the streams still covers a datacenter link's bandwidth x delay.
+RCVBUF_BYTES = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class RecoveryError(RuntimeError):
-    """The peer's state could not be fetched intact; nothing was applied."""
+    """The peer's state could not be fetched intact; nothing was returned (but see fetch_state's ``in_place``)."""
+
+
+def _checksums(packed: Packed, chunk_bytes: int) -> list[Chunk]:
+    if packed.copied is not None:
+        packed.copied.synchronize()
+    total = packed.buffer.numel()
+    flat = packed.buffer.numpy()
+    chunks = []
+    for offset in range(0, total, chunk_bytes):
+        length = min(chunk_bytes, total - offset)
+        a, b = chunk_sums(flat[offset : offset + length])
+        chunks.append(Chunk(offset=offset, length=length, sum64=a, block_sum64=b))
+    return chunks
 
 
 @dataclass
 class _Snapshot:
     step: int
     packed: Packed
-    chunk_bytes: int
+    chunks: Future[list[Chunk]]  # checksummed in the background from publish on (~25 GB/s)
     manifest: bytes | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def manifest_bytes(self, hashers: ThreadPoolExecutor) -> bytes:
-        with self.lock:  # first request hashes (in parallel); later ones reuse it
+    def manifest_bytes(self) -> bytes:
+        with self.lock:
             if self.manifest is None:
-                if self.packed.copied is not None:
-                    self.packed.copied.synchronize()
-                total = self.packed.buffer.numel()
-                view = memoryview(self.packed.buffer.numpy()) if total else memoryview(b"")
-                spans = [(o, min(self.chunk_bytes, total - o)) for o in range(0, total, self.chunk_bytes)]
-                digests = list(hashers.map(lambda s: zlib.crc32(view[s[0] : s[0] + s[1]]), spans))
                 manifest = RecoveryManifest(
                     step=self.step,
-                    total_bytes=total,
-                    chunks=[Chunk(offset=o, length=n, crc32=d) for (o, n), d in zip(spans, digests, strict=True)],
+                    total_bytes=self.packed.buffer.numel(),
+                    chunks=self.chunks.result(),
                     tensors=self.packed.tensors,
                     state=self.packed.state,
                 )
@@ -113,11 +140,13 @@ class RecoveryServer:
         chunk_bytes: int = CHUNK_BYTES,
         tls: TlsConfig | None = None,
     ) -> None:
+        if chunk_bytes <= 0 or chunk_bytes % ALIGN:
+            raise ValueError(f"chunk_bytes must be a positive multiple of {ALIGN}, not {chunk_bytes}")
         self._token = token.encode()
         self._chunk_bytes = chunk_bytes
         self._snap: _Snapshot | None = None
         self._cond = threading.Condition()
-        self._hashers = ThreadPoolExecutor(4, thread_name_prefix="recovery-hash")
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="recovery-checksum")
         self.corrupt_chunks: dict[int, int] = {}  # fault injection (tests, benches): chunk index -> times to corrupt
         self.chunks_served = 0
         server = self
@@ -138,7 +167,8 @@ class RecoveryServer:
 
     def publish(self, step: int, state: dict[str, Any]) -> None:
         """Snapshots ``state`` (one copy, on the caller's thread at a step boundary) and serves it from now on."""
-        snap = _Snapshot(step, pack(state), self._chunk_bytes)
+        packed = pack(state)
+        snap = _Snapshot(step, packed, self._hasher.submit(_checksums, packed, self._chunk_bytes))
         with self._cond:
             self._snap = snap
             self._cond.notify_all()
@@ -146,7 +176,7 @@ class RecoveryServer:
     def close(self) -> None:
         self._http.shutdown()
         self._http.server_close()
-        self._hashers.shutdown(wait=False)
+        self._hasher.shutdown(wait=False)
 
     def _reply(
         self, h: BaseHTTPRequestHandler, status: int, body: bytes | memoryview, kind: str = "application/json"
@@ -186,14 +216,14 @@ class RecoveryServer:
         if isinstance(snap, str):
             return self._error(h, 404 if "within" in snap else 410, snap)
         if parts[1:] == ["manifest"]:
-            return self._reply(h, 200, snap.manifest_bytes(self._hashers))
+            return self._reply(h, 200, snap.manifest_bytes())
         if len(parts) != 3 or parts[1] != "chunk" or not parts[2].isdigit():
             return self._error(h, 404, f"unknown path {path}")
         index, total = int(parts[2]), snap.packed.buffer.numel()
-        offset = index * snap.chunk_bytes
+        offset = index * self._chunk_bytes
         if offset >= total:
             return self._error(h, 404, f"chunk {index} is past the end of the snapshot ({total} bytes)")
-        end = min(offset + snap.chunk_bytes, total)
+        end = min(offset + self._chunk_bytes, total)
         data: bytes | memoryview = memoryview(snap.packed.buffer.numpy())[offset:end]
         if self.corrupt_chunks.get(index, 0) > 0:
             self.corrupt_chunks[index] -= 1
@@ -212,6 +242,24 @@ class FetchStats:
     retries: int = 0
 
 
+def _bounded_window(address: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
+    """socket.create_connection, with a receive window of RCVBUF_BYTES set before the handshake."""
+    error: OSError | None = None
+    for family, kind, proto, _name, addr in socket.getaddrinfo(*address, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+            sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(addr)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error or OSError(f"{address[0]} resolves to no address")
+
+
 class _Fetcher:
     def __init__(self, address: str, token: str, timeout_s: float, tls: TlsConfig | None) -> None:
         self.host, self.port = split_address(address)
@@ -221,14 +269,18 @@ class _Fetcher:
         self.local = threading.local()
 
     def _connect(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection
         if self.tls is None:
-            return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
-        # by pod IP: the certificate must carry the job's worker name and be signed by the job's CA
-        return NamedHTTPSConnection(self.host, self.port, context=self.tls.client_context,
-                                    server_name=self.tls.worker_name, timeout=self.timeout_s)  # fmt: skip
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        else:  # by pod IP: the certificate must carry the job's worker name and be signed by the job's CA
+            conn = NamedHTTPSConnection(self.host, self.port, context=self.tls.client_context,
+                                        server_name=self.tls.worker_name, timeout=self.timeout_s)  # fmt: skip
+        conn._create_connection = _bounded_window  # type: ignore[attr-defined]
+        return conn
 
-    def get(self, path: str, into: memoryview | None = None) -> bytes | int:
-        """GET ``path``; streams the body into ``into`` when given (returns its length), else returns the body."""
+    def get(self, path: str, into: list[np.ndarray] | None = None) -> bytes | int:
+        """GET ``path``; streams the body into the pieces of ``into`` in turn when given (returns its length), else
+        returns the body."""
         conn = getattr(self.local, "conn", None)
         if conn is None:
             conn = self.local.conn = self._connect()
@@ -244,17 +296,18 @@ class _Fetcher:
                 raise RecoveryError(f"peer {self.host}:{self.port} answered {resp.status} for {path}: {why}")
             if into is None:
                 return resp.read()
-            length = int(resp.getheader("Content-Length", "-1"))
-            if length != len(into):
+            length, expected = int(resp.getheader("Content-Length", "-1")), sum(len(p) for p in into)
+            if length != expected:
                 resp.read()
-                raise RecoveryError(f"peer sent {length} bytes for {path}, expected {len(into)}")
-            got = 0
-            while got < length:
-                n = resp.readinto(into[got:])
-                if not n:
-                    raise RecoveryError(f"peer closed the connection after {got} of {length} bytes of {path}")
-                got += n
-            return got
+                raise RecoveryError(f"peer sent {length} bytes for {path}, expected {expected}")
+            for piece in into:
+                view, got = memoryview(piece), 0
+                while got < len(view):  # large reads bypass the response's buffer: socket -> destination
+                    n = resp.readinto(view[got:])
+                    if not n:
+                        raise RecoveryError(f"peer closed the connection in the middle of {path}")
+                    got += n
+            return length
         except ssl.SSLCertVerificationError as e:
             conn.close()
             self.local.conn = None
@@ -279,10 +332,18 @@ def fetch_state(
     timeout_s: float = 60.0,
     max_attempts: int = 3,
     tls: TlsConfig | None = None,
+    in_place: bool = True,
 ) -> tuple[Any, FetchStats]:
     """Copies the snapshot of ``step`` from the recovery server at ``address`` (over TLS, verified, with ``tls``);
     raises RecoveryError if any chunk stays corrupt after ``max_attempts``, the peer is gone or is not the job's.
-    Returns (state, stats)."""
+    Returns (state, stats).
+
+    ``template`` is the receiver's own state. On the CPU, with ``in_place``, each of its tensors that matches the
+    peer's (place, dtype, shape) receives the bytes itself, and the state returned holds it: no staging copy, and
+    loading the state into the model is free. If the fetch then fails, those tensors may hold part of the peer's state:
+    do not train on them before a heal succeeds (a Manager whose heal failed stays behind and heals again). With a
+    CUDA ``device`` everything lands in pinned memory first and goes to the GPU (into the template's tensors there)
+    only once every chunk is verified."""
     start = time.monotonic()
     fetcher = _Fetcher(address, token, timeout_s + 10.0, tls)  # the socket outlives the server's own wait
     base = f"{contract.PATH_RECOVERY}/{step}"
@@ -290,24 +351,29 @@ def fetch_state(
         manifest = RecoveryManifest.model_validate_json(fetcher.get(f"{base}/manifest?wait={timeout_s}"))
     except ValidationError as e:
         raise RecoveryError(f"malformed recovery manifest from {address}: {e}") from e
-    chunks, total = manifest.chunks, manifest.total_bytes
+    chunks, total, tensors = manifest.chunks, manifest.total_bytes, manifest.tensors
+    check_layout(tensors, total)
     cuda = device.startswith("cuda")
-    staging = torch.empty(total, dtype=torch.uint8, pin_memory=cuda and torch.cuda.is_available())
-    view = memoryview(staging.numpy()) if total else memoryview(bytearray())
+    staging = host_buffer(total, pinned=cuda and torch.cuda.is_available())
+    own = targets(manifest.state, tensors, template, "cuda" if cuda else "cpu") if in_place else [None] * len(tensors)
+    into = [None] * len(tensors) if cuda else own  # to the GPU only once verified
+    per_chunk = chunk_pieces(segments(tensors, staging, into), chunks, total)
     stats = FetchStats(bytes=total, chunks=len(chunks))
     lock = threading.Lock()
 
     def one(index: int) -> None:
-        chunk = chunks[index]
-        dst = view[chunk.offset : chunk.offset + chunk.length]
+        chunk, pieces = chunks[index], per_chunk[index]
+        for _pos, data in pieces:  # fault fresh pages in first, not inside recv (it stalls the stream's ACKs)
+            data[::PAGE] = 0
         for attempt in range(1, max_attempts + 1):
             try:
-                fetcher.get(f"{base}/chunk/{index}", into=dst)
+                fetcher.get(f"{base}/chunk/{index}", into=[data for _, data in pieces])
             except RecoveryError:
                 if attempt == max_attempts:
                     raise
             else:
-                if zlib.crc32(dst) == chunk.crc32:  # zlib drops the GIL: the fetch threads check in parallel
+                sums = [chunk_sums(data, pos) for pos, data in pieces]  # where the bytes landed: no copy
+                if (sum(a for a, _ in sums) & MASK, sum(b for _, b in sums) & MASK) == (chunk.sum64, chunk.block_sum64):
                     return
                 if attempt == max_attempts:
                     raise RecoveryError(f"chunk {index} from {address} failed its checksum {max_attempts} times")
@@ -315,11 +381,14 @@ def fetch_state(
                 stats.retries += 1
             log.warning("recovery chunk %d from %s was bad (attempt %d); fetching it again", index, address, attempt)
 
-    with ThreadPoolExecutor(max(1, min(parallel, len(chunks))), thread_name_prefix="recovery-fetch") as pool:
+    # no more streams than CPUs: each stream's thread copies from its socket, more only contend for the GIL and
+    # the cores (2 cores here, sender and receiver in one process, under load: 256 MiB in ~118 ms with 2, ~165 with 4)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    streams = max(1, min(parallel, len(chunks), cpus))
+    with ThreadPoolExecutor(streams, thread_name_prefix="recovery-fetch") as pool:
         list(pool.map(one, range(len(chunks))))
-    buffer = staging.to(device, non_blocking=True) if cuda else staging
     if cuda:
-        torch.cuda.current_stream().synchronize()
-    state = unpack(manifest.state, manifest.tensors, buffer, template)
+        into = to_device(tensors, staging, own, device)
+    state = unpack(manifest.state, tensors, staging, template, into)
     stats.seconds = time.monotonic() - start
     return state, stats

@@ -7,10 +7,13 @@ part of the state the Manager copies to a healing group and of every checkpoint,
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,6 +68,47 @@ def ensure_zero_grads(params: list[nn.Parameter]) -> None:
             p.grad.zero_()
 
 
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process ("process", ended threads included) and of each live
+    thread, by name (Python's thread name, else the kernel's; threads of one name summed): where a rank's CPU goes."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    times = os.times()
+    out: dict[str, float] = {"process": times.user + times.system}
+    for tid in os.listdir("/proc/self/task"):
+        task = Path("/proc/self/task", tid)
+        try:
+            stat, comm = (task / "stat").read_text(), (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after the command name: state is field 3, utime 14, stime 15
+        name = names.get(int(tid), comm)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+class CpuMeter:
+    """Per-thread CPU seconds per step from the end of the first step on (start-up and imports excluded), for the
+    benches' CPU breakdown."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, float] | None = None
+        self._steps = 0
+
+    def step_done(self) -> None:
+        if self._first is None:
+            self._first = thread_cpu_seconds()
+        else:
+            self._steps += 1
+
+    def per_step(self) -> dict[str, float]:
+        now = thread_cpu_seconds()
+        first = self._first or {}
+        n = max(self._steps, 1)
+        per_step = {k: (v - first.get(k, 0.0)) / n for k, v in now.items()}
+        return {**per_step, "process_life": now["process"]}  # and the whole life's, start-up included
+
+
 def shard_model(model: nn.Module) -> nn.Module:
     """FSDP2 inside the group: each block and the root sharded over the group's ranks."""
     from torch.distributed.fsdp import fully_shard
@@ -100,6 +144,7 @@ class Trainer:
         self.corpus = Corpus.load(cfg.corpus_root, cfg.corpus_bytes)
         self.source = SampleSource(self.corpus, self.model.cfg.block_size)
         self.data = DataState()
+        self.cpu = CpuMeter()
         self.log = GroupLog(group_log_path(cfg.run_dir, cfg.group)) if cfg.run_dir and cfg.rank == 0 else None
         self.ckpt: checkpoint.AsyncCheckpointer | None = None
         self._ckpt_pg: Any = None
@@ -216,6 +261,8 @@ class Trainer:
             digest = digest_of(params)
             if cfg.run_dir and cfg.rank == 0:
                 torch.save(params, cfg.run_dir / f"final-params-group-{cfg.group}.pt")  # for exact comparisons
+                cpu = cfg.run_dir / f"thread-cpu-group-{cfg.group}.json"  # hack/bench/bench_trainer.py prints it
+                cpu.write_text(json.dumps(self.cpu.per_step()))
             if cfg.rank == 0:
                 print(f"FTJOB_DONE group={cfg.group} step={mgr.step} digest={digest}", flush=True)
             if self.log:
@@ -263,13 +310,15 @@ class Trainer:
                 set_lr(self.optimizer, lr_at(q.step, cfg))  # q.step: the step this quorum trains
                 self.optimizer.step()
                 # The Manager times quorum/compute/allreduce/commit itself; only the loop knows these two.
-                mgr.trainer_metrics.observe_phase("optimizer", time.monotonic() - t_optimizer)
+                phases["optimizer"] = time.monotonic() - t_optimizer
+                mgr.trainer_metrics.observe_phase("optimizer", phases["optimizer"])
                 mgr.trainer_metrics.add_tokens(rank_samples * self.model.cfg.block_size)
                 step_samples = q.num_contributors * b
                 self.data.cursor = cursor + step_samples
                 window_tokens += step_samples * self.model.cfg.block_size
                 last_loss = loss if loss is not None else last_loss
                 self._after_commit(mgr, q, cursor, step_samples, shard_start, loss, phases)
+                self.cpu.step_done()
                 if mgr.step % cfg.log_every == 0 or mgr.step == cfg.steps:
                     elapsed = time.monotonic() - window_t
                     self._say(
@@ -277,8 +326,7 @@ class Trainer:
                         f"{q.participants} tokens/s {window_tokens / max(elapsed, 1e-9):,.0f}"
                     )
                     window_t, window_tokens = time.monotonic(), 0
-            self.optimizer.zero_grad(set_to_none=False)
-            if self.ckpt:
+            if self.ckpt:  # (the next step zeroes the grads itself: contributing or not)
                 self.ckpt.poll()
             pad = cfg.min_step_seconds - (time.monotonic() - step_started)
             if pad > 0:
