@@ -18,80 +18,26 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from ftjob.contract.lighthouse_api import (
     DroppedEvent,
     HistoryEvent,
-    MemberStatus,
     QuorumEvent,
     QuorumMember,
     QuorumRequest,
-    RecoverySource,
     StatusResponse,
 )
-from ftjob.lighthouse.answers import Answers, Own
+from ftjob.lighthouse import quorum_view
+from ftjob.lighthouse.answers import Answers
+from ftjob.lighthouse.formation import assign
 from ftjob.lighthouse.handover import Handovers
+from ftjob.lighthouse.members import BadRequest, Formed, Member, QuorumError, group_sort_key
 from ftjob.lighthouse.stall import StallRule
 
+__all__ = ["BadRequest", "Formed", "Member", "QuorumCore", "QuorumError", "group_sort_key"]  # members.py's re-exported
 log = logging.getLogger("ftjob.lighthouse")
 # The stall rule scans every member (O(n)): checked at most this often, a small fraction of its >= 1 s limit
 STALL_CHECK_S = 0.1
-
-
-class QuorumError(Exception):
-    """A request the lighthouse refuses; ``status`` is the HTTP status the server answers with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class BadRequest(QuorumError):
-    def __init__(self, message: str) -> None:
-        super().__init__(400, message)
-
-
-@dataclass
-class Member:
-    """One live replica group as the lighthouse knows it."""
-
-    group: str
-    incarnation: str
-    last_seen: float
-    step: int = 0
-    address: str = ""
-    store_address: str = ""
-    addresses: list[str] = field(default_factory=list)  # per rank: recovery servers
-    store_addresses: list[str] = field(default_factory=list)  # per rank: TCPStore hosts
-    world_size: int = 1
-    asking: bool = False
-    commit_failures: int = 0
-    finished: bool = False
-    param_digest: str | None = None
-    healing: bool = False
-    contributing: bool = False
-    fresh: bool = False  # started from scratch, state not yet synced with the job's
-    progress: int = 0  # the group's progress counter, and since when it holds this value (ftjob.lighthouse.stall)
-    progress_at: float = 0.0
-    waiting: bool = False  # blocked in the step's cross-group collective
-
-
-@dataclass(frozen=True)
-class Formed:
-    """A quorum just issued: ``responses`` maps each member group to its answer."""
-
-    quorum_id: int
-    max_step: int
-    groups: tuple[str, ...]
-    changed: bool
-    heals: int
-    responses: Answers  # group -> QuorumResponse; .encoded(group): its JSON, the shared part encoded once
-
-
-def group_sort_key(group: str) -> tuple[int, int, str]:
-    """Numeric group ids sort as numbers ("2" < "10"), anything else after them by text."""
-    return (0, int(group), "") if group.isdigit() else (1, 0, group)
 
 
 class QuorumCore:
@@ -345,6 +291,8 @@ class QuorumCore:
 
     def _waiting_for(self, now: float) -> int:
         alive = self._live()
+        if not self._starting:  # the common case, checked at every request
+            return alive - self._n_asking
         starting = sum(1 for g, until in self._starting.items() if until > now and g not in self.members)
         return alive - self._n_asking + starting
 
@@ -373,7 +321,7 @@ class QuorumCore:
         return self._form(now)
 
     def _form(self, now: float) -> Formed | None:
-        askers = sorted((m for m in self.members.values() if m.asking), key=lambda m: group_sort_key(m.group))
+        askers = sorted((m for m in self.members.values() if m.asking), key=lambda m: m.sort_key)
         max_step = max(m.step for m in askers)
         if max_step < self.committed_step:
             if self.step_floor_until is None or now < self.step_floor_until:
@@ -393,37 +341,8 @@ class QuorumCore:
         if changed or self.abort_below > self.quorum_id:
             self.quorum_id = max(self.quorum_id, self._reported_id, self.abort_below - 1) + 1
             changed = True
-        up_to_date = [m for m in askers if m.step == max_step]
-        reference, sync_healers = self._initial_sync(askers, up_to_date, max_step)
-        # Contributors: keep last quorum's contributors first (stable sharding), spares fill in for lost ones.
-        ranked = sorted(up_to_date, key=lambda m: (m.group not in self._prev_contributors, group_sort_key(m.group)))
-        wanted = len(ranked) if self.desired is None else min(self.desired, len(ranked))
-        contributors = sorted((m.group for m in ranked[:wanted]), key=group_sort_key)
-        contributor_rank = {g: i for i, g in enumerate(contributors)}
-        sources: dict[str, Member | None] = {}
-        heals = 0
+        contributors, own, heals = assign(askers, max_step, self._prev_contributors, self.desired)
         for member in askers:
-            source = None
-            if member.step < max_step:  # behind: copy from an up-to-date group, spread over them
-                source = up_to_date[heals % len(up_to_date)]
-            elif member.group in sync_healers:  # fresh at step 0: copy the reference's state first
-                source = reference
-            heals += source is not None
-            sources[member.group] = source
-            member.healing = source is not None
-            member.contributing = member.group in contributor_rank
-        serving = {s.group for s in sources.values() if s is not None}
-        first = askers[0]
-        own: dict[str, Own] = {}  # each member's own fields; the rest is shared (ftjob.lighthouse.answers)
-        for replica_rank, member in enumerate(askers):
-            source = sources[member.group]
-            recover_from = None
-            if source is not None:
-                recover_from = RecoverySource(
-                    group=source.group, address=source.address, addresses=source.addresses, step=source.step
-                )
-            own[member.group] = Own(replica_rank, member.contributing, contributor_rank.get(member.group, -1),
-                                    recover_from, member.group in serving)  # fmt: skip
             self._set_asking(member, False)
             member.commit_failures = 0
             member.waiting, member.progress_at = False, now  # a new step starts now (ftjob.lighthouse.stall)
@@ -443,68 +362,29 @@ class QuorumCore:
             "max_step": max_step,
             "replica_world_size": len(askers),
             "num_contributors": len(contributors),
-            "store_address": first.store_address,
-            "store_addresses": first.store_addresses,
+            "store_address": askers[0].store_address,
+            "store_addresses": askers[0].store_addresses,
             "store_prefix": f"ftjob/q{self.quorum_id}",
             "abort_below": self.abort_below,
         }
         return Formed(self.quorum_id, max_step, tuple(keys), changed, heals, Answers(shared, own))
 
-    @staticmethod
-    def _initial_sync(askers: list[Member], up_to_date: list[Member], max_step: int) -> tuple[Member | None, set[str]]:
-        """At step 0, groups that started from scratch copy one reference group's state before training together, so
-        no group trains from weights of its own. The reference is a group synced earlier, else the first asker."""
-        if max_step != 0 or not any(m.fresh for m in askers):
-            return None, set()
-        synced = [m for m in up_to_date if not m.fresh]
-        reference = synced[0] if synced else up_to_date[0]
-        return reference, {m.group for m in askers if m.fresh and m is not reference}
-
     def members_view(self) -> list[QuorumMember]:
         """The last quorum's member list (for requests that ask for it)."""
-        out = []
-        for group in self._prev:
-            m = self.members.get(group)
-            if m is not None:
-                out.append(
-                    QuorumMember(
-                        group=m.group,
-                        step=m.step,
-                        address=m.address,
-                        store_address=m.store_address,
-                        contributing=m.contributing,
-                    )
-                )
-        return out
+        return quorum_view.members_view(self)
 
     def status(self, now: float) -> StatusResponse:
-        members = [
-            MemberStatus(
-                group=m.group,
-                incarnation=m.incarnation,
-                step=m.step,
-                address=m.address,
-                last_heartbeat_age_s=round(now - m.last_seen, 3),
-                in_quorum=self._prev.get(m.group) == m.incarnation,
-                asking=m.asking,
-                healing=m.healing,
-                contributing=m.contributing,
-                finished=m.finished,
-                param_digest=m.param_digest,
-            )
-            for m in sorted(self.members.values(), key=lambda m: group_sort_key(m.group))
-        ]
-        return StatusResponse(
-            quorum_id=self.quorum_id,
-            max_step=self.committed_step,
-            abort_below=self.abort_below,
-            min_replicas=self.min_replicas,
-            desired_replicas=self.desired,
-            quorum_groups=list(self._prev),
-            members=members,
-            starting=sorted(g for g, until in self._starting.items() if until > now),
-            handing_over=sorted(self._handovers.pending(now), key=group_sort_key),
-            blocked_reason=self.blocked_reason,
-            history=list(self.history)[-50:],
-            clock=now,
-        )
+        return quorum_view.status(self, now)
+
+    # read by ftjob.lighthouse.quorum_view
+    @property
+    def prev(self) -> dict[str, str]:
+        return self._prev
+
+    @property
+    def starting(self) -> dict[str, float]:
+        return self._starting
+
+    @property
+    def handovers(self) -> Handovers:
+        return self._handovers

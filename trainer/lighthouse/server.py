@@ -37,15 +37,14 @@ from ftjob.contract.lighthouse_api import (
     WatchHeartbeat,
     describe,
 )
-from ftjob.lighthouse.answers import Answers
 from ftjob.lighthouse.audit import AuditTrail
 from ftjob.lighthouse.auditing import LIGHTHOUSE, Auditor, actor_of, name_sender, peer_of
 from ftjob.lighthouse.integrity import IntegrityChecks
 from ftjob.lighthouse.metrics import LighthouseMetrics
 from ftjob.lighthouse.quorum import BadRequest, Formed, QuorumCore, QuorumError
 from ftjob.lighthouse.state import PersistedState, save_state
-from ftjob.lighthouse.watch import HeartbeatPace, send_now
-from ftjob.lighthouse.watch_socket import WatchSocketEndpoint
+from ftjob.lighthouse.watch import HeartbeatPace, push
+from ftjob.lighthouse.watch_socket import Waiter, WatchSocketEndpoint
 from pydantic import ValidationError
 
 log = logging.getLogger("ftjob.lighthouse")
@@ -108,7 +107,9 @@ class LighthouseServer(WatchSocketEndpoint):
         self._state_file = state_file
         self._tick_s = tick_s
         self._clock = clock
-        self._waiters: dict[str, tuple[str, asyncio.Future[Answers]]] = {}
+        self._waiters: dict[str, tuple[str, Waiter]] = {}  # group -> its pending quorum request
+        self._asks_due = float("inf")
+        self._answers_due = []
         self._watchers: dict[str, set[tuple[str, web.WebSocketResponse]]] = {}
         self._pushed_abort = core.abort_below
         self._saved = PersistedState(quorum_id=core.quorum_id, committed_step=core.committed_step)
@@ -163,6 +164,8 @@ class LighthouseServer(WatchSocketEndpoint):
             await asyncio.sleep(self._tick_s)
             try:
                 self._advance()
+                if asyncio.get_running_loop().time() >= self._asks_due:
+                    self._expire_asks(asyncio.get_running_loop().time())
                 self.metrics.heartbeats.inc(self.heartbeats - self._counted_beats)
                 self._counted_beats = self.heartbeats
             except Exception:  # keep serving: a bug in one tick must not stop liveness checks
@@ -258,10 +261,9 @@ class LighthouseServer(WatchSocketEndpoint):
         self._saved = state
 
     def _push(self, message: AbortSignal) -> None:
-        frame = message.model_dump_json().encode()  # encoded once, written to every socket now (no task each)
-        for sockets in self._watchers.values():
-            for _inc, ws in sockets:
-                send_now(ws, frame)
+        start, payload = time.perf_counter(), message.model_dump_json().encode()
+        n = push((ws for sockets in self._watchers.values() for _inc, ws in sockets), payload)
+        log.info("pushed %s to %d watch sockets in %.1f ms", payload.decode(), n, (time.perf_counter() - start) * 1e3)
 
     def _members(self) -> list[QuorumMember]:
         if self._members_cache is None or self._members_cache[0] != self._formations:
@@ -288,9 +290,10 @@ class LighthouseServer(WatchSocketEndpoint):
     def _timed_out(self, req: QuorumRequest) -> str:
         return f"no quorum within {req.timeout_s}s ({self.core.blocked_reason or 'quorum not formed yet'}); retry"
 
-    def _enqueue(self, request: web.Request, req: QuorumRequest) -> asyncio.Future[Answers]:
-        """Registers a validated quorum request (403/410/400 before any change); the future resolves to the quorum's
-        answers when it forms, or fails with a QuorumError (409 superseded or dropped, 410 evicted, 503)."""
+    def _enqueue(self, request: web.Request, req: QuorumRequest, waiter: Waiter | None = None) -> Waiter:
+        """Registers a validated quorum request (403/410/400 before any change); the waiter (a new future unless
+        given) resolves to the quorum's answers when it forms, or fails with a QuorumError (409 superseded or
+        dropped, 410 evicted, 503)."""
         group, incarnation, now = req.group, req.incarnation, self._clock()
         self.integrity.validate(req)  # 400 for a verdict or digest no honest group sends, before any change
         member = self.core.members.get(group)
@@ -313,7 +316,7 @@ class LighthouseServer(WatchSocketEndpoint):
         old = self._waiters.pop(group, None)
         if old and not old[1].done():
             old[1].set_exception(QuorumError(409, f"superseded by a newer quorum request from group {group!r}"))
-        fut: asyncio.Future[Answers] = asyncio.get_running_loop().create_future()
+        fut = waiter if waiter is not None else asyncio.get_running_loop().create_future()
         self._waiters[group] = (incarnation, fut)
         if self.core.dropped_events:  # it replaced an incarnation: the full round (abort, the old one's waiter)
             self._advance()
@@ -327,7 +330,7 @@ class LighthouseServer(WatchSocketEndpoint):
         reasons = [e.reason for e in self.core.history if e.event == "dropped" and e.group == group]
         return reasons[-1] if reasons else "dropped"
 
-    def _forget(self, group: str, incarnation: str, fut: asyncio.Future[Answers]) -> None:
+    def _forget(self, group: str, incarnation: str, fut: Waiter) -> None:
         if self._waiters.get(group, (None, None))[1] is fut:
             del self._waiters[group]
             self.core.withdraw(group, incarnation)

@@ -5,9 +5,11 @@ state these handlers drive (the core, the waiters, the auditor)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 from ftjob.contract.lighthouse_api import (
     QuorumRequest,
     WatchHeartbeat,
@@ -19,8 +21,41 @@ from ftjob.contract.lighthouse_api import (
 from ftjob.lighthouse.answers import Answers
 from ftjob.lighthouse.auditing import actor_of, name_sender
 from ftjob.lighthouse.quorum import BadRequest, QuorumError
-from ftjob.lighthouse.watch import send_now
+from ftjob.lighthouse.watch import WatchWebSocket, send_now
 from pydantic import ValidationError
+
+log = logging.getLogger("ftjob.lighthouse")
+Waiter = Any  # asyncio.Future[Answers] (POST /v1/quorum) or WatchAsk: done(), set_result(), set_exception(), cancel()
+
+
+class WatchAsk:
+    """A quorum request asked on a watch socket, as the server's waiter (the duck type of the future a POST waits
+    on): resolving it queues its answer frame, written with the whole quorum's in one callback -- no future,
+    done-callback or timer per request; the ticker expires it at ``deadline`` (loop time)."""
+
+    __slots__ = ("_answer", "_done", "deadline", "req")
+
+    def __init__(self, answer: Callable[[Answers | None, BaseException | None], None], req: QuorumRequest,
+                 deadline: float) -> None:  # fmt: skip
+        self._answer, self.req, self.deadline, self._done = answer, req, deadline, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> bool:
+        """The socket closed: nobody hears the answer any more."""
+        pending, self._done = not self._done, True
+        return pending
+
+    def set_result(self, answers: Answers) -> None:
+        if not self._done:
+            self._done = True
+            self._answer(answers, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self._done:
+            self._done = True
+            self._answer(None, error)
 
 
 class WatchSocketEndpoint:
@@ -29,6 +64,9 @@ class WatchSocketEndpoint:
     core: Any
     heartbeats: int
     _watchers: dict[str, set[tuple[str, web.WebSocketResponse]]]
+    _waiters: dict[str, tuple[str, Waiter]]
+    _answers_due: list[tuple[web.WebSocketResponse, QuorumRequest, Answers | None, BaseException | None]]
+    _asks_due: float  # the earliest deadline of a pending WatchAsk (or later): _expire_asks runs then
 
     async def _watch(self, request: web.Request) -> web.WebSocketResponse:
         try:
@@ -40,29 +78,36 @@ class WatchSocketEndpoint:
         actor = actor_of(request)
         if rank == 0:  # 403/410 (an id outside the job's, an evicted incarnation) before the upgrade
             self._beat(group, incarnation, actor, "watch socket", WatchHeartbeat(step=0))
-        ws = web.WebSocketResponse(heartbeat=None)
+        asked: list[WatchAsk] = []  # this socket's quorum requests (the last one may be pending)
+
+        def on_text(data: str) -> None:
+            """One text frame, handled synchronously from the connection's data (ftjob.lighthouse.frames)."""
+            if rank != 0:
+                return
+            try:
+                if '"kind"' in data:  # a WatchQuorum (a heartbeat has no such key)
+                    self._ask_on_watch(request, ws, data, group, incarnation, asked)
+                    return
+                beat = WatchHeartbeat.model_validate_json(data)
+                self.heartbeats += 1
+                self._beat(group, incarnation, actor, "watch heartbeat", beat)
+            except QuorumError as e:
+                self._refuse(request, e.status, f"watch socket closed with {4000 + e.status}: {e}")
+                ws.hang_up(4000 + e.status, str(e)[:120])
+            except ValidationError as e:  # a client bug: say why and hang up (it reconnects with fixed beats)
+                self._refuse(request, 400, f"watch socket closed with 4400: {describe(e)}")
+                ws.hang_up(4400, describe(e)[:120])
+            except Exception:  # a lighthouse bug: this socket closes (the client reconnects), the lighthouse serves on
+                log.exception("watch frame from group %s failed", group)
+                ws.hang_up(1011, "internal error")
+
+        ws = WatchWebSocket(on_text)
         await ws.prepare(request)
         entry = (incarnation, ws)
         self._watchers.setdefault(group, set()).add(entry)
-        asked: list[asyncio.Future[Answers]] = []  # this socket's quorum requests (the last one may be pending)
         try:
-            await ws.send_str(self._signal().model_dump_json())
-            async for msg in ws:
-                if msg.type != WSMsgType.TEXT or rank != 0:
-                    continue
-                try:
-                    if '"kind"' in msg.data:  # a WatchQuorum (a heartbeat has no such key)
-                        self._ask_on_watch(request, ws, msg.data, group, incarnation, asked)
-                        continue
-                    beat = WatchHeartbeat.model_validate_json(msg.data)
-                    self.heartbeats += 1
-                    self._beat(group, incarnation, actor, "watch heartbeat", beat)
-                except QuorumError as e:
-                    self._refuse(request, e.status, f"watch socket closed with {4000 + e.status}: {e}")
-                    await ws.close(code=4000 + e.status, message=str(e)[:120].encode())
-                except ValidationError as e:  # a client bug: say why and hang up (it reconnects with fixed beats)
-                    self._refuse(request, 400, f"watch socket closed with 4400: {describe(e)}")
-                    await ws.close(code=4400, message=describe(e)[:120].encode())
+            send_now(ws, self._signal().model_dump_json().encode())
+            await ws.ended
         finally:
             self._watchers.get(group, set()).discard(entry)
             for fut in asked:  # the process is gone: it will not hear this quorum
@@ -73,7 +118,7 @@ class WatchSocketEndpoint:
         return ws
 
     def _ask_on_watch(self, request: web.Request, ws: web.WebSocketResponse, data: str, group: str,
-                      incarnation: str, asked: list[asyncio.Future[Answers]]) -> None:  # fmt: skip
+                      incarnation: str, asked: list[WatchAsk]) -> None:  # fmt: skip
         """A WatchQuorum frame: the quorum long-poll of POST /v1/quorum, answered by one WatchQuorumAnswer frame."""
         try:
             try:
@@ -83,30 +128,50 @@ class WatchSocketEndpoint:
             if (req.group, req.incarnation) != (group, incarnation):
                 raise BadRequest(f"a quorum request on group {group!r} incarnation {incarnation!r}'s watch socket "
                                  f"names group {req.group!r} incarnation {req.incarnation!r}")  # fmt: skip
-            fut = self._enqueue(request, req)
+            deadline = asyncio.get_running_loop().time() + req.timeout_s
+            ask = WatchAsk(lambda answers, error: self._answer_soon(ws, req, answers, error), req, deadline)
+            asked[:] = [a for a in asked if not a.done()] + [ask]
+            self._asks_due = min(self._asks_due, deadline)
+            self._enqueue(request, req, ask)  # may answer at once (this request completed the quorum)
         except QuorumError as e:
             self._refuse(request, e.status, str(e))
             send_now(ws, WatchQuorumAnswer(status=e.status, error=str(e)).model_dump_json(exclude_none=True).encode())
-            return
-        asked[:] = [f for f in asked if not f.done()] + [fut]
-        timer = asyncio.get_running_loop().call_later(req.timeout_s, self._expire, req, fut)
-        fut.add_done_callback(lambda f: (timer.cancel(), self._answer_on_watch(ws, req, f)))
 
-    def _expire(self, req: QuorumRequest, fut: asyncio.Future[Answers]) -> None:
-        if not fut.done():
-            self._forget(req.group, req.incarnation, fut)
-            fut.set_exception(QuorumError(504, self._timed_out(req)))
+    def _expire_asks(self, now: float) -> None:
+        """The ticker's: answers 504 to the watch-socket requests past their timeout (loop time). Runs only once the
+        earliest deadline seen has passed, so O(waiters) about once per request timeout, not per tick."""
+        due = float("inf")
+        for group, (incarnation, waiter) in list(self._waiters.items()):
+            if not isinstance(waiter, WatchAsk) or waiter.done():
+                continue
+            if waiter.deadline > now:
+                due = min(due, waiter.deadline)
+                continue
+            self._forget(group, incarnation, waiter)
+            waiter.set_exception(QuorumError(504, self._timed_out(waiter.req)))
+        self._asks_due = due
 
-    def _answer_on_watch(self, ws: web.WebSocketResponse, req: QuorumRequest, fut: asyncio.Future[Answers]) -> None:
-        if fut.cancelled():  # the socket closed
+    def _answer_soon(self, ws: web.WebSocketResponse, req: QuorumRequest, answers: Answers | None,
+                     error: BaseException | None) -> None:  # fmt: skip
+        """Answers once the code that resolved the request is done (as a future's callback would: an abort pushed
+        in the same round goes first), in one callback for all the answers of a quorum."""
+        self._answers_due.append((ws, req, answers, error))
+        if len(self._answers_due) == 1:
+            asyncio.get_running_loop().call_soon(self._answer_due)
+
+    def _answer_due(self) -> None:
+        due, self._answers_due = self._answers_due, []
+        for ws, req, answers, error in due:
+            self._answer_on_watch(ws, req, answers, error)
+
+    def _answer_on_watch(self, ws: web.WebSocketResponse, req: QuorumRequest, answers: Answers | None,
+                         error: BaseException | None) -> None:  # fmt: skip
+        if error is None and answers is not None and not req.want_members:  # the shared part encoded once per quorum
+            send_now(ws, b'{"kind":"quorum","status":200,"quorum":' + answers.encoded(req.group) + b"}")
             return
-        error = fut.exception()
-        if error is None and not req.want_members:  # the shared part of the answer is encoded once per quorum
-            send_now(ws, b'{"kind":"quorum","status":200,"quorum":' + fut.result().encoded(req.group) + b"}")
-            return
-        if error is None:
+        if error is None and answers is not None:
             answer = WatchQuorumAnswer(
-                status=200, quorum=fut.result()[req.group].model_copy(update={"members": self._members()})
+                status=200, quorum=answers[req.group].model_copy(update={"members": self._members()})
             )
         else:
             status = error.status if isinstance(error, QuorumError) else 500
