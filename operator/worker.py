@@ -9,6 +9,8 @@ Order of effects in one reconcile (each step idempotent, so a crash anywhere is 
   3. delete and create pods concurrently (deterministic names; 409/404 tolerated), ensure Services,
   4. announce starting groups and the desired contributor count to the lighthouse, post Events,
   5. write the aggregated status (coalesced).
+
+What it says to and reads from the lighthouse is job_lighthouse.py's.
 """
 
 from __future__ import annotations
@@ -26,14 +28,15 @@ from ftjob import contract
 from ftjob.contract import pki, tls
 from ftjob.operator import builders, metrics, names, progress
 from ftjob.operator.audit import AuditMark, AuditMirror
-from ftjob.operator.integrity import INTEGRITY_REASONS, failed_pods, integrity_drops, status_integrity
+from ftjob.operator.integrity import INTEGRITY_REASONS, integrity_drops, status_integrity
+from ftjob.operator.job_lighthouse import LIGHTHOUSE_POLL_S, RETRY_S, JobLighthouse
 from ftjob.operator.kubeapi import KubeApi, api_message
-from ftjob.operator.lighthouse_client import LighthouseClient, LighthouseEndpoint, endpoint
-from ftjob.operator.lighthouse_view import LighthouseView, SilenceWatch
+from ftjob.operator.lighthouse_client import LighthouseClient
+from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import JobSpec, JobState, PodView, parse_time
 from ftjob.operator.node_health import NodeView, degraded_nodes
 from ftjob.operator.node_policy import NodePolicy
-from ftjob.operator.plan import PHASE_RESTARTING, PHASE_STARTING, SURVIVOR_PHASES, Actions, Observed, Result, plan
+from ftjob.operator.plan import SURVIVOR_PHASES, Actions, Observed, Result, plan
 from ftjob.operator.status import build_status, state_from_status, status_events
 from ftjob.operator.stuck import LIGHTHOUSE
 from kubernetes.client.rest import ApiException
@@ -41,13 +44,11 @@ from kubernetes.client.rest import ApiException
 log = logging.getLogger("ftjob.operator.worker")
 
 RESYNC_S = 10.0  # reconcile at least this often even with no events (a level-based safety net)
-LIGHTHOUSE_POLL_S = 2.0
 STATUS_MIN_INTERVAL_S = 0.5
-RETRY_S = 0.5
 ERROR_BACKOFF_S = 2.0
 
 
-class JobWorker:
+class JobWorker(JobLighthouse):
     def __init__(
         self,
         namespace: str,
@@ -72,20 +73,11 @@ class JobWorker:
         self.token: str | None = None  # set once the job's Secrets exist (and, with TLS, its CA was read: lh_tls)
         self.lh_tls: ssl.SSLContext | None = None
         self.services_ok: set[str] = set()
-        self.pending_starting: set[int] = set()
-        self.desired_acked: tuple[str, int, int] | None = None
         self.create_refused: dict[int, str] = {}  # group (or LIGHTHOUSE) -> why the apiserver refused its pod
-        self.lh_view: LighthouseView | None = None
-        self.lh_polled = 0.0
-        self.lh_retry_at = 0.0
-        self.lh_polled_base: LighthouseEndpoint | None = None
-        self.lh_view_at = 0.0
-        self.lh_view_generation: int | None = None  # the lighthouse generation that answered lh_view
-        self.failure_polls: set[str] = set()  # failed pods a lighthouse poll was forced for (the eviction's reason)
-        self.silence = SilenceWatch()  # groups that left the lighthouse while their pods run
         self.last_status: dict[str, Any] | None = (body.get("status") or None) and dict(body["status"])
         self.last_status_write = 0.0
         self.audit = AuditMirror(kube, AuditMark.from_status(self.last_status))  # audit records -> Events
+        self._init_lighthouse()
         self.task: asyncio.Task[None] | None = None
         self.background: set[asyncio.Task[None]] = set()
 
@@ -210,98 +202,6 @@ class JobWorker:
         task = asyncio.create_task(self.kube.post_event(self.body, type_, reason, message))
         self.background.add(task)  # Events go out without delaying the reconcile
         task.add_done_callback(self.background.discard)
-
-    # --- lighthouse -------------------------------------------------------------------------------------------------
-    def _lighthouse_base(self, pods: list[PodView], state: JobState) -> LighthouseEndpoint | None:
-        name = names.lighthouse_pod(self.name, state.lighthouse_generation)
-        for p in pods:
-            if p.name == name and p.ip and p.phase == "Running" and p.deletion_time is None:
-                return endpoint(p.ip, self.lh_tls, names.lighthouse_dns_names(self.name, self.namespace)[0])
-        return None
-
-    def _fresh_failure(self, pods: list[PodView]) -> bool:
-        """A pod of a group's current generation just failed: read the lighthouse now, not up to a poll later, so a
-        trainer that exited because the lighthouse evicted it (gradient guard, divergence) is replaced for that."""
-        failed = failed_pods(pods, self.state) if self.state else set()
-        fresh, self.failure_polls = failed - self.failure_polls, failed
-        return bool(fresh)
-
-    def _silent_groups(self, spec: JobSpec, now: float) -> dict[int, str]:
-        if self.lh_view is None or self.state is None or now - self.lh_view_at > 3 * LIGHTHOUSE_POLL_S:
-            return {}  # no fresh view of the lighthouse: absence cannot be judged (and is not counted)
-        return self.silence.silent(self.lh_view, self.lh_view_at, self.state, spec.lighthouse.heartbeat_timeout_s, now)
-
-    async def _poll_lighthouse(self, pods: list[PodView], now: float, force: bool = False) -> None:
-        if self.state is None or self.token is None or (not force and now - self.lh_polled < LIGHTHOUSE_POLL_S):
-            return
-        base = self._lighthouse_base(pods, self.state)
-        if base is None:
-            return
-        self.lh_polled = now
-        view = await self.lighthouse.status(base, self.token)
-        metrics.LIGHTHOUSE_CALLS.labels("status", "ok" if view else "error").inc()
-        if view is not None:
-            if base != self.lh_polled_base:  # a new lighthouse: every group must be seen joining it again
-                self.silence.new_lighthouse()
-                self.lh_polled_base = base
-            self.lh_view = view
-            self.lh_view_at = now
-            self.lh_view_generation = self.state.lighthouse_generation
-            await self.audit.mirror(self.body, view.audit, self.state.lighthouse_generation)
-
-    async def _evict(self, base: LighthouseEndpoint | None, a: Actions) -> None:
-        if base is None or self.token is None:
-            log.info("%s/%s: lighthouse not reachable for eviction of %s", self.namespace, self.name, a.evict)
-            return
-        # One call per group: the lighthouse rejects a whole request naming a group it never saw (404).
-        results = await asyncio.gather(
-            *(self.lighthouse.evict(base, self.token, [group], reason) for group, reason in a.evict)
-        )
-        for (group, reason), ok in zip(a.evict, results, strict=True):
-            metrics.LIGHTHOUSE_CALLS.labels("evict", "ok" if ok else "error").inc()
-            if ok:
-                log.info("%s/%s: lighthouse evicted group %s (%s)", self.namespace, self.name, group, reason)
-                self._event("Normal", "LighthouseEvicted", f"the lighthouse dropped replica group {group}: {reason}")
-
-    async def _handover(self, base: LighthouseEndpoint | None, handover: list[tuple[int, str]]) -> None:
-        """Before a migrating group's replacement starts: its old generation is to leave at a step boundary."""
-        for group, reason in handover:
-            ok = base is not None and self.token is not None
-            ok = ok and await self.lighthouse.handover(base, self.token, [group], reason[:500])
-            metrics.LIGHTHOUSE_CALLS.labels("handover", "ok" if ok else "error").inc()
-            if not ok:  # the replacement still takes over, only less smoothly (the lighthouse drops the old one)
-                log.warning("%s/%s: lighthouse not told of group %s's hand-over", self.namespace, self.name, group)
-
-    async def _tell_lighthouse(self, base: LighthouseEndpoint | None, spec: JobSpec, result: Result) -> bool:
-        """Starting groups and the desired contributor count; True when something must be retried."""
-        state = result.state
-        if state.outcome is not None:
-            self.pending_starting.clear()
-            return False
-        if base is None or self.token is None:
-            return bool(self.pending_starting) or self.desired_acked is None
-        if time.monotonic() < self.lh_retry_at:
-            return True  # a pod event woke us; do not hammer a lighthouse that is still starting
-        self.lh_retry_at = time.monotonic() + RETRY_S
-        retry = False
-        key = (base, spec.replicas, spec.total_groups)
-        if self.desired_acked != key:
-            ok = await self.lighthouse.desired(base, self.token, spec.replicas, spec.total_groups)
-            metrics.LIGHTHOUSE_CALLS.labels("desired", "ok" if ok else "error").inc()
-            if ok:
-                self.desired_acked = key
-                # a new lighthouse (or a new operator) re-learns which groups are on their way
-                starting = (PHASE_STARTING, PHASE_RESTARTING)
-                self.pending_starting.update(i for i, p in result.group_phases.items() if p in starting)
-            retry = retry or not ok
-        pending = sorted(g for g in self.pending_starting if g in state.groups)
-        if pending:
-            ok = await self.lighthouse.starting(base, self.token, pending)
-            metrics.LIGHTHOUSE_CALLS.labels("starting", "ok" if ok else "error").inc()
-            if ok:
-                self.pending_starting.difference_update(pending)
-            retry = retry or not ok
-        return retry
 
     # --- kubernetes -------------------------------------------------------------------------------------------------
     async def _ensure_token(self, spec: JobSpec) -> None:

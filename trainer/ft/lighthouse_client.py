@@ -5,10 +5,11 @@ Quorum requests retry through lighthouse restarts and long-poll timeouts until t
 incarnation gets EvictedError; any other refusal is a LighthouseError carrying the lighthouse's message.
 
 A lost lighthouse (its pod deleted, its node gone: the peer vanishes without a reset) costs seconds, not the quorum
-timeout: the watch socket pings it every LINK_PING_S, and when the socket drops every request in flight is abandoned
-and retried on fresh connections (DNS looked up again: a new lighthouse pod has a new IP). While the lighthouse is
-unreachable, a quorum request keeps retrying for up to ``lost_timeout_s`` (long compared with a restart); once it
-answers again, the wait for the quorum itself starts afresh. The caller's state is never touched meanwhile.
+timeout: the watch socket pings it (paced by the lighthouse: watch_link.py), and when the socket drops every request in
+flight is abandoned and retried on fresh connections (DNS looked up again: a new lighthouse pod has a new IP). While
+the lighthouse is unreachable, a quorum request keeps retrying for up to ``lost_timeout_s`` (long compared with a
+restart); once it answers again, the wait for the quorum itself starts afresh. The caller's state is never touched
+meanwhile.
 
 With a TlsConfig (FTJOB_TLS_CA_FILE set) the lighthouse URL must be https:// and its certificate is verified against
 the job's CA only; a certificate that fails, or a lighthouse that does not speak TLS, is a configuration error that
@@ -18,20 +19,17 @@ no retry repairs: LighthouseTlsError at once.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from ftjob import contract
 from ftjob.contract.lighthouse_api import (
     AbortSignal,
-    Answer,
-    ErrorResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     QuorumRequest,
@@ -39,45 +37,26 @@ from ftjob.contract.lighthouse_api import (
     Request,
     StatusResponse,
     WatchHeartbeat,
-    WatchQuorum,
-    WatchQuorumAnswer,
 )
 from ftjob.contract.tls import TlsConfig
+from ftjob.ft.lighthouse_errors import (  # re-exported: importers name them from here
+    A,
+    EvictedError,
+    LighthouseError,
+    LighthouseLost,
+    LighthouseTlsError,
+    decode,
+)
+from ftjob.ft.watch_link import LINK_PING_S, PacedWebSocket, WatchQuorums, link_timing
 from pydantic import ValidationError
+
+__all__ = ["LINK_PING_S", "EvictedError", "LighthouseClient", "LighthouseError", "LighthouseLost", "LighthouseTlsError"]
 
 log = logging.getLogger("ftjob.lighthouse_client")
 
-
-A = TypeVar("A", bound=Answer)
-
-LINK_PING_S = 2.0  # watch socket ping period: a silent lighthouse is noticed within 3 s (pong allowed 1 s: GIL, load)
 CONNECT_TIMEOUT_S = 2.0  # a SYN to a vanished pod IP is dropped, not refused: give up and retry
 RETRY_PAUSE_S = 0.1
 DEFAULT_LOST_TIMEOUT_S = 600.0
-
-
-class LighthouseLost(ConnectionError):
-    """The watch socket dropped while this request was in flight: the lighthouse is gone or restarting."""
-
-
-class LighthouseError(RuntimeError):
-    """The lighthouse refused a request (``status`` is its HTTP status) or answered something unreadable."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"lighthouse answered {status}: {message}")
-        self.status = status
-
-
-class LighthouseTlsError(LighthouseError):
-    """TLS with the lighthouse failed (its certificate is not the job's, or it speaks plain HTTP): never retried."""
-
-    def __init__(self, message: str) -> None:
-        RuntimeError.__init__(self, message)
-        self.status = 0
-
-
-class EvictedError(LighthouseError):
-    """This process's incarnation was evicted: it must exit (a restarted process gets a new incarnation)."""
 
 
 class LighthouseClient:
@@ -126,7 +105,7 @@ class LighthouseClient:
         self.reconnects = 0
         self.abandoned: str | None = None  # why this process left the lighthouse for good (abandon())
         self._ws: aiohttp.ClientWebSocketResponse | None = None  # the open watch socket (quorum requests go there)
-        self._asked: collections.deque[asyncio.Future[WatchQuorumAnswer]] = collections.deque()
+        self._asked = WatchQuorums()
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> LighthouseClient:
@@ -144,7 +123,9 @@ class LighthouseClient:
         verify = self._tls.client_context if self._tls is not None else True
         connector = aiohttp.TCPConnector(limit=8, use_dns_cache=False, ssl=verify)
         timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)
-        return aiohttp.ClientSession(headers=self._headers, connector=connector, timeout=timeout)
+        return aiohttp.ClientSession(
+            headers=self._headers, connector=connector, timeout=timeout, ws_response_class=PacedWebSocket
+        )
 
     async def _renew_session(self) -> None:
         """Drops every pooled connection (they may lead to a vanished pod) and fails the requests still on them."""
@@ -231,7 +212,7 @@ class LighthouseClient:
         headers = {"Content-Type": "application/json"}
         try:
             async with self._session.post(self.url + path, data=data, headers=headers, timeout=timeout) as resp:
-                return await self._decode(resp, answer)
+                return await decode(resp, answer)
         except aiohttp.ClientSSLError as e:
             raise self._tls_error(e) from None
 
@@ -240,7 +221,7 @@ class LighthouseClient:
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         try:
             async with self._session.get(self.url + path, timeout=timeout) as resp:
-                return await self._decode(resp, answer)
+                return await decode(resp, answer)
         except aiohttp.ClientSSLError as e:
             raise self._tls_error(e) from None
 
@@ -258,44 +239,6 @@ class LighthouseClient:
                     raise ConnectionError(f"lighthouse {self.url} unreachable: {type(e).__name__}: {e}") from None
                 await asyncio.sleep(RETRY_PAUSE_S)
 
-    async def _ask_on_watch(self, ws: aiohttp.ClientWebSocketResponse, req: QuorumRequest, timeout_s: float
-                            ) -> QuorumResponse:  # fmt: skip
-        """The quorum long-poll as a WatchQuorum frame on the open watch socket. The lighthouse answers every frame
-        exactly once and in order (a superseded request first, with 409), so answers are matched first in, first
-        out; a socket that drops fails every request on it (LighthouseLost: retried on the new socket)."""
-        answer: asyncio.Future[WatchQuorumAnswer] = asyncio.get_running_loop().create_future()
-        self._asked.append(answer)
-        await ws.send_str(WatchQuorum(kind="quorum", request=req).model_dump_json(exclude_none=True))
-        lost = self._link_lost  # abandon() or a dropped socket resolves it
-        waits = {answer} if lost is None else {answer, lost}
-        done, _ = await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        if answer not in done:
-            raise LighthouseLost("the lighthouse's watch socket dropped while waiting") if done else TimeoutError(
-                f"no quorum answer on the watch socket within {timeout_s:.0f}s")  # fmt: skip
-        got = answer.result()
-        if got.status == 200 and got.quorum is not None:
-            return got.quorum
-        cls = EvictedError if got.status == 410 else LighthouseError
-        raise cls(got.status, got.error or f"status {got.status}")
-
-    def _quorum_answered(self, data: str) -> None:
-        if not self._asked:
-            log.warning("an unexpected quorum answer on the watch socket: %s", data[:200])
-            return
-        fut = self._asked.popleft()
-        if not fut.done():
-            try:
-                fut.set_result(WatchQuorumAnswer.model_validate_json(data))
-            except ValidationError as e:
-                fut.set_exception(LighthouseError(0, f"unreadable quorum answer: {e}"))
-
-    def _fail_asked(self) -> None:
-        """The watch socket closed: its pending quorum requests will never be answered."""
-        while self._asked:
-            fut = self._asked.popleft()
-            if not fut.done():
-                fut.set_exception(LighthouseLost("the lighthouse's watch socket dropped while waiting"))
-
     async def _post_unless_lost(self, path: str, body: Request, answer: type[A], timeout_s: float) -> A:
         """A POST abandoned (LighthouseLost) as soon as the watch socket that was open when it started drops."""
         lost = self._link_lost
@@ -307,21 +250,6 @@ class LighthouseClient:
             return post.result()
         post.cancel()
         raise LighthouseLost("the lighthouse's watch socket dropped while waiting")
-
-    @staticmethod
-    async def _decode(resp: aiohttp.ClientResponse, answer: type[A]) -> A:
-        raw = await resp.read()
-        if resp.status >= 400:
-            try:
-                error = ErrorResponse.model_validate_json(raw).error
-            except ValidationError:
-                error = raw.decode(errors="replace")
-            cls = EvictedError if resp.status == 410 else LighthouseError
-            raise cls(resp.status, error)
-        try:
-            return answer.model_validate_json(raw)
-        except ValidationError as e:
-            raise LighthouseError(resp.status, f"unreadable {answer.__name__}: {e}") from None
 
     async def _quorum(self, req: QuorumRequest, timeout_s: float) -> QuorumResponse:
         start = time.monotonic()
@@ -344,7 +272,7 @@ class LighthouseClient:
             try:
                 ask = req.model_copy(update={"timeout_s": remaining})
                 if self._ws is not None and not self._ws.closed:  # one connection per group: ask on the watch
-                    return await self._ask_on_watch(self._ws, ask, remaining + 5)
+                    return await self._asked.ask(self._ws, ask, remaining + 5, self._link_lost)
                 return await self._post_unless_lost(contract.PATH_QUORUM, ask, QuorumResponse, remaining + 5)
             except EvictedError:
                 self.evicted = True
@@ -374,8 +302,11 @@ class LighthouseClient:
         was_open = False
         while not self.evicted:
             try:
-                ws_cm = self._session.ws_connect(self.url + contract.PATH_WATCH, params=query, heartbeat=LINK_PING_S)
+                ping_s, pong_s = self.link_timing  # the last pace known: a reconnect to a busy lighthouse keeps it
+                ws_cm = self._session.ws_connect(self.url + contract.PATH_WATCH, params=query, heartbeat=ping_s)
                 async with ws_cm as ws:
+                    if isinstance(ws, PacedWebSocket):  # it always is (the session's class)
+                        ws.pace(ping_s, pong_s)  # aiohttp allows a pong half the ping period: ours follows the pace
                     backoff = 0.05
                     self._link_lost = asyncio.get_running_loop().create_future()
                     self._ws = ws
@@ -391,7 +322,7 @@ class LighthouseClient:
                             if msg.type != aiohttp.WSMsgType.TEXT:
                                 continue
                             if msg.data.startswith('{"kind":"quorum"'):  # the answer to a WatchQuorum
-                                self._quorum_answered(msg.data)
+                                self._asked.answered(msg.data)
                             else:
                                 self._handle_push(AbortSignal.model_validate_json(msg.data))
                     finally:
@@ -405,7 +336,7 @@ class LighthouseClient:
                 pass  # reconnect: the lighthouse may be restarting
             self.watch_connected.clear()
             self._ws = None
-            self._fail_asked()
+            self._asked.fail_all()
             if self._link_lost is not None:  # it was open: abandon what waits on the old lighthouse
                 lost, self._link_lost = self._link_lost, None
                 lost.set_result(None)
@@ -419,9 +350,16 @@ class LighthouseClient:
             await ws.send_str(beat.model_dump_json())
             await asyncio.sleep(self._interval)
 
+    @property
+    def link_timing(self) -> tuple[float, float]:
+        """The watch socket's (ping period, pong allowance) for the heartbeat pace in force (watch_link.py)."""
+        return link_timing(self._interval)
+
     def _handle_push(self, signal: AbortSignal) -> None:
         if signal.heartbeat_interval_s is not None:  # the lighthouse paces its groups' heartbeats (grows with them)
             self._interval = signal.heartbeat_interval_s
+            if isinstance(self._ws, PacedWebSocket):  # the link follows: a busy lighthouse's late pong drops no group
+                self._ws.pace(*self.link_timing)
         abort_below = signal.abort_below
         if abort_below != self.abort_below:
             self.abort_below = abort_below
