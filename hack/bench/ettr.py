@@ -12,10 +12,12 @@ ETTR = useful GPU-seconds / GPU-seconds paid for. Failures arrive as a Poisson p
                  tau = sqrt(2 * checkpoint_write * MTBF) cost ``checkpoint_write`` seconds each.
 
 Default figures (this machine, see README's benchmark notes; override with flags when you measure anew):
-  crash          SIGKILL of a group: survivors' stall 0.2 s (bench_failover), replaced and contributing again in
-                 6.3 s median in the cluster (pod failure -> replacement contributing, bench_operator)
-  hang           a silent group (SIGSTOP, no socket reset): survivors stall the heartbeat timeout, 5.07 s with
-                 heartbeatTimeoutSeconds 5; the operator replaces it 10 s after the freeze, then 6.3 s to contribute
+  crash          SIGKILL of a group: survivors' stall 0.07 s median (bench_failover --kills), replaced and
+                 contributing again in 6.3 s median in the cluster (pod failure -> replacement contributing,
+                 bench_operator)
+  hang           a silent group (SIGSTOP, no socket reset): the lighthouse's stall rule evicts it, survivors' stall
+                 1.03 s at worst (bench_failover --stops; 0.52 s median); the operator replaces it at once (reason
+                 Stalled), then 6.3 s to contribute
   node           a node lost (NotReady after the kubelet's grace): stall 7.2 s (the lighthouse-on-a-killed-node
                  figure bounds it), replacement 40 s + 6.3 s
   lighthouse     the lighthouse pod lost: longest gap 0.97 s (graceful/force-deleted) to 6.85 s (node killed); 3 s
@@ -48,11 +50,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mix", default="crash=0.55,hang=0.15,node=0.27,lighthouse=0.03", help="failure shares")
-    p.add_argument("--crash", default="0.2,6.3", help="stall_s,out_s of a crashed group")
-    p.add_argument("--hang", default="5.07,16.3", help="stall_s,out_s of a silent (hung) group")
+    p.add_argument("--crash", default="0.07,6.3", help="stall_s,out_s of a crashed group")
+    p.add_argument("--hang", default="1.03,7.3", help="stall_s,out_s of a silent (hung) group")
     p.add_argument("--node", default="7.2,46.3", help="stall_s,out_s of a lost node's group")
     p.add_argument("--lighthouse", default="3.0,0", help="stall_s,out_s of a lost lighthouse")
-    p.add_argument("--step-ratio", type=float, default=1.139, help="ftjob's healthy step / plain DDP's (bench_trainer)")
+    p.add_argument("--step-ratio", type=float, default=1.021, help="ftjob's healthy step / plain DDP's (bench_trainer)")
     p.add_argument("--checkpoint-write-s", type=float, default=60.0, help="C/R: one synchronous checkpoint")
     p.add_argument("--restart-s", type=float, default=600.0, help="C/R: detect, reschedule, start, load")
     return p.parse_args()

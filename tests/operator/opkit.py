@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -20,7 +19,7 @@ from ftjob.contract import pki
 from ftjob.contract.lighthouse_api import DroppedEvent, StatusResponse
 from ftjob.contract.tls import NamedHTTPSConnection, client_context
 from ftjob.operator import names
-from helpers import REPO, TRAINER_IMAGE, container_pids, wait_for
+from helpers import REPO, TRAINER_IMAGE, container_pids, free_port, wait_for
 from kubernetes import client
 
 CRD = REPO / "crds" / "ftjob.dev_faulttoleranttrainingjobs.yaml"
@@ -77,12 +76,6 @@ def job_manifest(name: str, *, command: list[str] | None = None, **spec: Any) ->
         "metadata": {"name": name},
         "spec": body,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -3,19 +3,12 @@ cross-group all-reduce on each rank's local shard (rank i with rank i), and a la
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
-from helpers import wait_for
+from helpers import free_port, wait_for
 from test_manager_worker import Lighthouse, Worker
 
 TIMEOUT = 180  # four torch processes on two shared cores
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_group(procs: list, tmp_path: Path, url: str, group: str, *args: str) -> list[Worker]:

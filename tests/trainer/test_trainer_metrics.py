@@ -4,7 +4,6 @@ chart give pods the port and a PodMonitor."""
 
 from __future__ import annotations
 
-import socket
 import sys
 import urllib.request
 from pathlib import Path
@@ -114,13 +113,9 @@ def test_the_process_metrics_can_be_switched_off_for_measuring_their_cost(monkey
     assert samples(off.render().decode())[("ftjob_trainer_commits_total", ())] == 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_every_rank_serves_its_metrics_over_http_when_the_env_names_a_port():
+    from helpers import free_port
+
     m = TrainerMetrics()
     assert m.serve_from_env({}) is None and m.serve_from_env({contract.ENV_METRICS_PORT: "0"}) is None
     port = free_port()
