@@ -152,9 +152,12 @@ def test_nan_gradients_evict_and_replace_the_group_on_another_node(kube, namespa
             status = get_job(kube.custom, namespace, "guard").get("status") or {}
             guard = [r.seq for r in obs.audit.values() if r.kind == "guard"]
             mirrored = (status.get("integrity") or {}).get("auditSeq", 0)
-            return bool(status.get("restartsByReason", {}).get("GradientGuard")) and guard and mirrored >= max(guard)
+            # the GroupRestart Event goes out beside the status patch, not before it: killed earlier, it is lost
+            posted = any(e.reason == "GroupRestart" for e in job_events(kube.core, namespace, "guard"))
+            restarted = bool(status.get("restartsByReason", {}).get("GradientGuard"))
+            return restarted and posted and bool(guard) and mirrored >= max(guard)
 
-        wait_for(replaced_and_mirrored, 300, "group 1 replaced for GradientGuard and the guard records mirrored")
+        wait_for(replaced_and_mirrored, 300, "group 1 replaced for GradientGuard, its Event and the records mirrored")
         assert metric(first.metrics(), "ftjob_integrity_evictions_total", reason="GradientGuard") == 1
         first.kill()  # a new operator must not mirror the same records again
         mark = get_job(kube.custom, namespace, "guard")["status"]["integrity"]["auditSeq"]  # what it recorded
