@@ -25,7 +25,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 JOB = "obs"
 STEPS = 240
-GOODPUT_TOLERANCE = 0.04  # absolute: the operator samples the lighthouse every 2 s, the records see every commit
+# Absolute. The operator samples the lighthouse every 2 s, the records see every commit: each end of a group's outage
+# is known to a sample (2 x 2 s of one group's ~55 s, halved over 2 groups: ~0.036), and its step time is a sampled
+# median (0.195 s vs the records' 0.200 s: ~0.025). 0.04 was tighter than that and failed once at 0.049.
+GOODPUT_TOLERANCE = 0.06
 
 
 def scrape(pod: Any) -> dict[str, float]:
