@@ -43,7 +43,7 @@ from ftjob.lighthouse.integrity import IntegrityChecks
 from ftjob.lighthouse.metrics import LighthouseMetrics
 from ftjob.lighthouse.quorum import BadRequest, Formed, QuorumCore, QuorumError
 from ftjob.lighthouse.state import PersistedState, save_state
-from ftjob.lighthouse.watch import HeartbeatPace, push
+from ftjob.lighthouse.watch import HeartbeatPace, WatchWebSocket, push
 from ftjob.lighthouse.watch_socket import Waiter, WatchSocketEndpoint
 from pydantic import ValidationError
 
@@ -110,7 +110,7 @@ class LighthouseServer(WatchSocketEndpoint):
         self._waiters: dict[str, tuple[str, Waiter]] = {}  # group -> its pending quorum request
         self._asks_due = float("inf")
         self._answers_due = []
-        self._watchers: dict[str, set[tuple[str, web.WebSocketResponse]]] = {}
+        self._watchers: dict[str, set[tuple[str, WatchWebSocket]]] = {}
         self._pushed_abort = core.abort_below
         self._saved = PersistedState(quorum_id=core.quorum_id, committed_step=core.committed_step)
         self._members_cache: tuple[int, list[QuorumMember]] | None = None

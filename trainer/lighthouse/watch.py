@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, web
 from aiohttp.http_websocket import WebSocketWriter
 from aiohttp.web_request import BaseRequest
 from ftjob.lighthouse.frames import OP_TEXT, FrameReader, frame
@@ -109,53 +109,15 @@ class WatchWebSocket(web.WebSocketResponse):
         raise RuntimeError("the watch socket's frames go to its FrameReader, not receive()")
 
 
-def push(sockets: Iterable[web.WebSocketResponse], payload: bytes) -> int:
+def push(sockets: Iterable[WatchWebSocket], payload: bytes) -> int:
     """One text frame to many sockets, framed once and written to each now (no task each); returns how many."""
     framed, n = frame(OP_TEXT, payload), 0
     for ws in sockets:
         n += 1
-        if isinstance(ws, WatchWebSocket):
-            ws.send_text(payload, framed)
-        else:
-            send_now(ws, payload)
+        ws.send_text(payload, framed)
     return n
 
 
-_sending: set[asyncio.Future[None]] = set()  # writes that wait for a full socket buffer (kept referenced)
-
-
-def send_now(ws: web.WebSocketResponse, payload: bytes) -> None:
-    """Writes a text frame to the socket now; only when its buffer is full (a slow reader) does a task wait for it to
-    drain, so a push to 12,500 sockets creates no task for the others. A closed or closing socket is skipped."""
-    if isinstance(ws, WatchWebSocket):
-        ws.send_text(payload)
-        return
-    if ws.closed:
-        return
-    coro = ws.send_frame(payload, WSMsgType.TEXT)
-    try:
-        waiting = coro.send(None)  # an uncompressed frame is written synchronously; it yields only to drain
-    except StopIteration:
-        return
-    except Exception as e:  # the peer went away meanwhile: its watch handler cleans up
-        log.debug("watch frame not sent: %s", e)
-        return
-    task = asyncio.ensure_future(_finish(coro, waiting))
-    _sending.add(task)
-    task.add_done_callback(_sending.discard)
-
-
-async def _finish(coro: Generator[Any, None, None] | Any, waiting: Any) -> None:
-    """Drives a send suspended on ``waiting`` (the drain future) to its end, as its task would have."""
-    while True:
-        if isinstance(waiting, asyncio.Future):
-            await asyncio.wait([waiting])
-        else:
-            await asyncio.sleep(0)
-        try:
-            waiting = coro.send(None)
-        except StopIteration:
-            return
-        except Exception as e:
-            log.debug("watch frame not sent: %s", e)
-            return
+def send_now(ws: WatchWebSocket, payload: bytes) -> None:
+    """Writes a text frame to one watch socket now (skipped when closed; a reader too far behind is hung up)."""
+    ws.send_text(payload)
