@@ -35,10 +35,11 @@ def beat(c: QuorumCore, group: str, progress: int, waiting: bool, now: float) ->
     c.heartbeat(group, f"inc-{group}", 0, now, progress=progress, waiting=waiting)
 
 
-def run_until(c: QuorumCore, start: float, end: float, waiters: tuple[str, ...], suspect_progress: bool = False
-              ) -> list[str]:  # fmt: skip
-    """Heartbeats every 0.1 s from ``start`` to ``end``: ``waiters`` wait in the collective; group "2" beats with
-    (or, by default, without) progress. Returns the groups the sweeps dropped."""
+def run_until(c: QuorumCore, start: float, end: float, waiters: tuple[str, ...], suspect_progress: bool = False,
+              busy: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+    """Heartbeats every 0.1 s from ``start`` to ``end``: ``waiters`` wait in the collective, ``busy`` still compute
+    (they beat, not waiting); group "2" beats with (or, by default, does not beat: frozen) progress. Returns the
+    groups the sweeps dropped."""
     dropped: list[str] = []
     now, n = start, 1000
     while now < end and not dropped:
@@ -46,6 +47,8 @@ def run_until(c: QuorumCore, start: float, end: float, waiters: tuple[str, ...],
         n += 1
         for g in waiters:
             beat(c, g, 500, waiting=True, now=now)
+        for g in busy:
+            beat(c, g, 500, waiting=False, now=now)
         if suspect_progress:
             beat(c, "2", n, waiting=False, now=now)
         dropped = c.sweep(now)
@@ -64,6 +67,21 @@ def test_a_frozen_member_is_evicted_as_stalled_once_the_others_wait_for_it():
     stalled_at = c.history[-1].time
     assert t + 1.0 < stalled_at <= t + 1.3, "the floor (1 s) bounds it: the median step is 0.1 s"
     assert ("2", "inc-2") in c._banned, "a stalled incarnation never comes back"
+
+
+def test_a_member_frozen_inside_the_collective_is_evicted_for_its_silence():
+    """Frozen after it reported waiting itself: every member waits, so progress blames nobody; its silence does
+    (else the others' collective times out and, as 1 of 2 live groups, they cannot form a quorum for a long time)."""
+    c, t = trained(groups=("0", "1"))
+    beat(c, "1", 500, waiting=True, now=t + 0.05)  # its last heartbeat: in the collective
+    dropped: list[str] = []
+    now = t + 0.05
+    while not dropped and now < t + 10:
+        now += 0.1
+        beat(c, "0", 500, waiting=True, now=now)
+        dropped = c.sweep(now)
+    assert dropped == ["1"] and now <= t + 1.3, now
+    assert c.history[-1].reason.startswith("evicted: stalled: no heartbeat for"), c.history[-1].reason
 
 
 def test_hung_member_that_still_heartbeats_without_progress_is_evicted_too():
@@ -86,7 +104,8 @@ def test_a_member_that_makes_progress_is_never_evicted():
 
 def test_nobody_is_evicted_while_not_every_other_member_waits():
     c, t = trained()
-    assert run_until(c, t, t + 10.0, waiters=("0",)) == [], "group 1 computes too: nobody waits for group 2 alone"
+    # group 2 hangs (it beats, no progress), group 1 still computes: nobody waits for group 2 alone
+    assert run_until(c, t, t + 10.0, waiters=("0",), busy=("1", "2")) == []
 
 
 def test_the_limit_follows_the_median_step_time():

@@ -13,9 +13,10 @@ blocked in the step's cross-group collective. The rule, checked every tick:
   * its progress counter has not moved for ``max(floor_s, factor x median step time)``, the median taken over the
     last quorum intervals (no rule until ``MIN_INTERVALS`` were seen: the first steps compile, load, sync).
 
-A member that froze between two steps is simply left out of the next quorum (the join timeout); it is then
-evicted as stalled too once it sent no heartbeat at all for the same limit while at least half of the other members
-were heard within half of it (heartbeats come from their own thread every 0.1 s: a live process does not miss ten
+A member that froze between two steps is simply left out of the next quorum (the join timeout); one that froze
+inside the collective, after reporting ``waiting`` itself, looks like every other waiter. Either is evicted as
+stalled once it sent no heartbeat at all for the same limit while at least half of the other members were heard
+within half of it (heartbeats come from their own thread every 0.1 s: a live process does not miss ten
 of them; and a lighthouse whose own loop stalled, which hears nobody, judges nobody).
 
 A straggler that is merely slow keeps well inside ``factor`` times a median step that already includes its own
@@ -94,19 +95,21 @@ class StallRule:
         limit = self.limit_s()
         if limit is None:
             return []
-        found = self._silent(members, in_flight, now, limit, quiet)
         blocking = self._blocking(members, in_flight, now, limit)
-        return found + [b for b in blocking if b[0] not in {g for g, _ in found}]
+        silent = self._silent(members, now, limit, quiet)
+        return blocking + [s for s in silent if s[0] not in {g for g, _ in blocking}]
 
-    def _silent(self, members: Mapping[str, Progressing], in_flight: Mapping[str, str], now: float, limit: float,
-                quiet: Collection[str]) -> list[tuple[str, str]]:  # fmt: skip
-        """Members outside the quorum in flight that stopped heart-beating while the others go on."""
+    def _silent(self, members: Mapping[str, Progressing], now: float, limit: float, quiet: Collection[str]
+                ) -> list[tuple[str, str]]:  # fmt: skip
+        """Members that stopped heart-beating while the others go on: left out of the next quorum, or frozen inside
+        the one in flight (after it reported waiting in the collective itself, which the progress rule cannot tell
+        from the others' waiting)."""
         heard = [now - m.last_seen for m in members.values() if not m.finished]
         if len(heard) < 2 or 2 * sum(1 for age in heard if age <= limit / 2) < len(heard) - 1:
             return []  # most members unheard: the lighthouse itself (or the whole network) stalled
         found = []
         for m in members.values():
-            if m.group in in_flight or m.group in quiet or m.finished or m.asking or m.progress == 0:
+            if m.group in quiet or m.finished or m.asking or m.progress == 0:
                 continue
             if now - m.last_seen > limit:
                 found.append((m.group, f"no heartbeat for {now - m.last_seen:.2f}s (limit {limit:.2f}s: "
