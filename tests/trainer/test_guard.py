@@ -11,7 +11,7 @@ from ftjob import contract
 from ftjob.contract.lighthouse_api import GuardOffence
 from ftjob.ft.digest import local_digest, replica_tensors
 from ftjob.ft.fault_injection import FaultInjection, flip_lowest_bit
-from ftjob.ft.guard import GuardConfig, contributions, describe, judge, merge
+from ftjob.ft.guard import GuardConfig, contributions, describe, judge, whole_groups
 
 NAN, INF = float("nan"), float("inf")
 
@@ -63,13 +63,19 @@ def test_the_table_rows_of_non_contributors_are_not_judged() -> None:
     assert kinds(judge(contributions(table))) == {"7": "norm_outlier"}
 
 
-def test_merge_of_shard_verdicts_keeps_one_offence_per_group() -> None:
-    a = GuardOffence(group="1", kind="norm_outlier", norm=30.0, median=1.0)
-    b = GuardOffence(group="1", kind="norm_outlier", norm=40.0, median=1.0)
-    c = GuardOffence(group="1", kind="nonfinite", norm=None, median=1.0)
-    d = GuardOffence(group="0", kind="norm_outlier", norm=20.0, median=1.0)
-    assert merge([a, b]) == [b]
-    assert merge([a, c, b, d]) == [d, c]
+def test_a_sharded_group_is_judged_on_its_whole_gradient_never_one_shard() -> None:
+    """Rows summed over 2 shards (the vote's all-reduce). Seen in a run: shard 1 of two healthy groups 144x apart
+    while their whole gradients were within 10x; a group whose shards did not all contribute is not judged."""
+    shard0 = [[0.0, 1.0, 0.6**2], [1.0, 1.0, 0.7**2], [0.0, 0.0, 0.0]]
+    shard1 = [[0.0, 1.0, 0.0287**2], [1.0, 1.0, 4.13**2], [2.0, 1.0, 9.0]]  # group 2 failed on shard 0
+    summed = [[a + b for a, b in zip(r0, r1, strict=True)] for r0, r1 in zip(shard0, shard1, strict=True)]
+    assert judge(contributions(shard1[:2])) != []  # judged shard by shard, group 1 would be refused
+    whole = whole_groups(summed, 2)
+    assert contributions(whole) == {"0": 0.6**2 + 0.0287**2, "1": 0.7**2 + 4.13**2}
+    assert judge(contributions(whole)) == []
+    nan = [[0.0, 2.0, 1.0], [2.0, 2.0, NAN]]  # a NaN in any shard makes the group's sum NaN
+    assert kinds(judge(contributions(whole_groups(nan, 2)))) == {"1": "nonfinite"}
+    assert whole_groups([[3.0, 1.0, 4.0]], 1) == [[3.0, 1.0, 4.0]]  # one rank per group: its row is the whole
 
 
 def test_describe_names_the_groups_and_what_was_seen() -> None:

@@ -87,12 +87,13 @@ def start_hsdp_group(procs: list, tmp_path: Path, url: str, group: str, env: dic
     return ranks
 
 
-def test_hsdp_groups_judge_shard_by_shard_and_refuse_alike(tmp_path: Path, procs: list):
-    """2 groups x 2 ranks (FSDP2 inside each group: the post-backward path). Rank i of every group judges shard i;
-    the group's vote fails every rank; rank 0 reports the verdict pooled over its ranks, once."""
+@pytest.mark.parametrize(("kind", "seen"), [("nan", "gradient not finite"), ("scale,factor=1000", "gradient norm ")])
+def test_hsdp_groups_judge_whole_gradients_and_refuse_alike(tmp_path: Path, procs: list, kind: str, seen: str):
+    """2 groups x 2 ranks (FSDP2 inside each group: the post-backward path). The vote sums the ranks' shard rows;
+    every rank judges every group's whole gradient alike; rank 0 reports the verdict, once."""
     lh = Lighthouse(tmp_path, *LIGHTHOUSE_ARGS).start()
     procs.append(lh)
-    fault = {contract.ENV_FAULT_INJECTION: f"group=1,kind=nan,step={FAULT_STEP},count=1"}
+    fault = {contract.ENV_FAULT_INJECTION: f"group=1,kind={kind},step={FAULT_STEP},count=1"}
     groups = [start_hsdp_group(procs, tmp_path, lh.url, g, fault) for g in "01"]
     done = {
         (w.group, r): wait_for(w.done, TIMEOUT, f"group {w.group} rank {r}") for ws in groups for r, w in enumerate(ws)
@@ -101,7 +102,7 @@ def test_hsdp_groups_judge_shard_by_shard_and_refuse_alike(tmp_path: Path, procs
         for w in ws:
             refused = [e for e in w.events("step") if not e["committed"]]
             assert [e["step"] for e in refused] == [FAULT_STEP], (w.group, refused)
-            assert "group 1: gradient not finite" in refused[0]["error"] and "group 0" not in refused[0]["error"]
+            assert f"group 1: {seen}" in refused[0]["error"] and "group 0" not in refused[0]["error"]
     for rank in (0, 1):
         assert done[("0", rank)]["digest"] == done[("1", rank)]["digest"]
         assert done[("0", rank)]["metrics"]["failed_commits"] == 1

@@ -2,12 +2,11 @@
 replicas' state digests every ``digest_every`` committed steps, what rank 0 reports to the lighthouse about both in
 its next quorum request, and the fault injection tests use (ftjob.ft.fault_injection).
 
-Guard. Every rank judges the table its cross-group all-reduce brought (ftjob.ft.guard): rank i of every group sees
-the same numbers and reaches the same verdict, so a refused step fails in every group alike. A sharded group's rank i
-holds only shard i, so it judges shard i; the group's unanimous vote (should_commit) then fails the whole group when
-any shard was refused, and since every group's rank i judged shard i identically, every group fails: no group
-commits. After a failed vote the ranks pool their offences (one in-group gather, only then) so that rank 0 reports
-every offender, once, in the next QuorumRequest.guard_verdict.
+Guard. The group's unanimous commit vote carries every rank's row of the guard's table (the all-reduce across the
+groups brought rank i the sums of squares of shard i of every group) and sums them, so every rank of every group
+judges every group's whole gradient from the same numbers (ftjob.ft.guard) and reaches the same verdict: a refused
+step fails in every group alike and no group commits it. Rank 0 reports the offenders, once, in the next
+QuorumRequest.guard_verdict.
 
 Digests. At the step boundary after the commit that made ``step`` a multiple of ``digest_every`` (the start of the
 next step: the optimizer has applied that commit by then), the group hashes its parameters and optimizer state (not
@@ -82,30 +81,30 @@ class Integrity:
         return self.fault.corruption(step, contributing) if self.fault is not None else None
 
     # --- the guard -----------------------------------------------------------------------------------------------
-    def judge(self, table: list[list[float]] | None) -> str | None:
-        """This rank's verdict on the step from the all-reduced table; why it is refused, or None."""
-        if table is None:
-            self._offences = []
-        else:
-            self._offences = guard.judge(guard.contributions(table), self.guard.norm_ratio, self.loss_scaling)
+    def vote(self, ok: bool, table: list[list[float]] | None, rows: int) -> tuple[bool, str | None]:
+        """The group's unanimous vote on the step, and the guard's verdict on it when every rank says yes: whether
+        the step commits, and why the guard refused it (None: it did not). ``table``: this rank's all-reduced guard
+        table (ftjob.ft.grad_sync), ``rows`` the quorum's groups (the same on every rank, so every vote matches)."""
+        self._offences = []
+        if not self.guard.enabled:
+            return self._in_group.all_true(ok), None
+        ok, summed = self._in_group.all_true_summing(ok, table, rows, guard.COLUMNS)
+        if not ok:
+            return False, None
+        self._offences = guard.judge(
+            guard.contributions(guard.whole_groups(summed, self._in_group.world_size)),
+            self.guard.norm_ratio,
+            self.loss_scaling,
+        )
         for o in self._offences:
             self._metrics.guard_offence(o.kind)
-        return guard.describe(self._offences, self.guard.norm_ratio) if self._offences else None
+        return (False, guard.describe(self._offences, self.guard.norm_ratio)) if self._offences else (True, None)
 
-    def after_vote(self, committed: bool, quorum_id: int, step: int) -> str | None:
-        """After the group's vote: a refused step's offenders, pooled over the group's ranks (every rank calls this
-        in step); rank 0 keeps the verdict for the next request. Returns the pooled description, if any."""
+    def after_vote(self, committed: bool, quorum_id: int, step: int) -> None:
+        """After the vote: rank 0 keeps a refused step's verdict for the next request."""
         offences, self._offences = self._offences, []
-        if committed or not self.guard.enabled:
-            return None
-        if self._in_group.world_size > 1:  # each rank judged its own shard: pool them (a failed step only)
-            dumped = self._in_group.all_gather_json([o.model_dump(mode="json") for o in offences])
-            offences = guard.merge([GuardOffence.model_validate(o) for rank in dumped for o in rank])
-        if not offences:
-            return None
-        if self._in_group.rank == 0:
+        if not committed and offences and self._in_group.rank == 0:
             self._verdict = GuardVerdict(quorum_id=quorum_id, step=step, offenders=offences)
-        return guard.describe(offences, self.guard.norm_ratio)
 
     # --- reporting -----------------------------------------------------------------------------------------------
     def report_fields(self) -> dict[str, Any]:

@@ -10,9 +10,9 @@ Step protocol (the lighthouse API is ftjob.contract.lighthouse_api):
   allreduce_gradients()   grads summed across the quorum in flat buckets and divided by the contributors; a spare or
                           healing group sends zeros and receives the average. Failures are recorded, never raised.
                           With register_params() (one rank per group) the buckets' all-reduces already start
-                          during the backward pass; this call then only waits for them. The gradient guard
-                          (ftjob.ft.guard) judges every group's gradient: a refused step fails in every group.
-  should_commit()         unanimous vote inside the group; the step counter moves only on a commit.
+                          during the backward pass; this call then only waits for them.
+  should_commit()         unanimous vote inside the group, with the gradient guard's verdict on every group's whole
+                          gradient (ftjob.ft.guard): a refused step fails in every group. The step moves on a commit.
   prefetch_quorum()       optional, after a commit: asks for the next step's quorum while the optimizer steps.
 Every ``digest_every`` steps the group reports a digest of its parameters and optimizer state (ftjob.ft.integrity).
 Failures never block longer than ``collective_timeout_s``, and the lighthouse's abort signal (a member evicted,
@@ -338,8 +338,6 @@ class Manager:
         if error is not None:
             self.metrics["aborted_collectives"] += 1
             self._fail(error, "collective")
-        elif (refused := self._integrity.judge(self._grads.guard_table)) is not None:
-            self._fail(refused, "guard")  # every group judged the same numbers: no group commits this step
         self._t_reduce_end = time.monotonic()
 
     def should_commit(self) -> bool:
@@ -352,8 +350,10 @@ class Manager:
                 "min_replicas",
             )
             ok = False
-        ok = self._group.all_true(ok)
-        pooled = self._integrity.after_vote(ok, self._info.quorum_id if self._info else self._quorum_id, self.step)
+        ok, refused = self._integrity.vote(ok, self._grads.guard_table, self._info.participants if self._info else 0)
+        if refused is not None:
+            self._fail(refused, "guard")  # every group judged the same numbers: no group commits this step
+        self._integrity.after_vote(ok, self._info.quorum_id if self._info else self._quorum_id, self.step)
         if ok:
             self.step += 1
             self._commit_failures = 0
@@ -362,8 +362,8 @@ class Manager:
         else:
             self._commit_failures += 1
             self.metrics["failed_commits"] += 1
-            self.last_error = pooled or self._step_error or "another rank of this group could not commit"
-            reason = "guard" if pooled else self._fail_reason if self._step_error is not None else "peer"
+            self.last_error = self._step_error or "another rank of this group could not commit"
+            reason = self._fail_reason if self._step_error is not None else "peer"
             self.trainer_metrics.commit_failed(reason)
         self._control.set_step(self.step)
         self._info = None

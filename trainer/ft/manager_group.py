@@ -1,5 +1,6 @@
 """What the ranks of one replica group tell each other (over the group's default process group, no pickle):
-rank 0's lighthouse answer, every rank's addresses, and unanimous votes."""
+rank 0's lighthouse answer, every rank's addresses, and unanimous votes (with the guard's table summed over the
+ranks)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,20 @@ class InGroup:
         t = self._tensor([1 if flag else 0], torch.int32)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
+
+    def all_true_summing(
+        self, flag: bool, table: list[list[float]] | None, rows: int, columns: int
+    ) -> tuple[bool, list[list[float]]]:
+        """``all_true`` that also sums every rank's ``rows`` x ``columns`` table (a rank without one sends zeros), in
+        the same single all-reduce: the vote a sharded group takes anyway carries its shards' guard rows."""
+        if table is not None and len(table) != rows:
+            table, flag = None, False  # not this quorum's table: this rank cannot vote for the step
+        if self.world_size == 1:
+            return flag, table if table is not None else [[0.0] * columns for _ in range(rows)]
+        t = torch.zeros(1 + rows * columns, dtype=torch.float64, device=self._device)
+        t[0] = 0.0 if flag else 1.0  # summed: the number of ranks against
+        if table is not None:
+            t[1:] = torch.tensor(table, dtype=torch.float64).flatten()
+        dist.all_reduce(t)
+        values = t.tolist()
+        return values[0] == 0.0, [values[1 + r * columns : 1 + (r + 1) * columns] for r in range(rows)]
