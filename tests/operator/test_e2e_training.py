@@ -19,6 +19,7 @@ from opkit import (
     pod_log,
     running_groups,
 )
+from trainkit import TINY_MODEL_INTEGRITY
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -37,10 +38,7 @@ def test_training_job_survives_a_killed_group_and_succeeds_consistently(kube, na
         minReplicas=2,
         lighthouse={"heartbeatTimeoutSeconds": 5},
         failurePolicy={"maxRestartsPerGroup": 2},
-        # The tiny model's per-shard gradient norms are heavy-tailed: with the default normRatio 100 a healthy group
-        # was refused at one step (133x the others' median, the same data on every retry) and evicted. This test is
-        # about a killed group; the guard has its own (tests/operator/test_integrity_cluster.py uses 1000 too).
-        integrity={"gradientGuard": {"normRatio": 1000}},
+        integrity=TINY_MODEL_INTEGRITY,  # this test is about a killed group, not the guard
     )
     create_job(kube.custom, namespace, manifest)
     groups = wait_for(lambda: (g := running_groups(kube.core, namespace, "e2e")) and len(g) == 3 and g, 180,

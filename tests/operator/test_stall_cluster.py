@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers import cluster, wait_for
 from opkit import create_job, dropped_reasons, get_job, job_manifest, lighthouse_status, running_groups
+from trainkit import TINY_MODEL_INTEGRITY
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -18,7 +19,8 @@ TRAIN = ["ftjob-trainer", "train", "--model", "tiny", "--steps", "100000", "--co
 def test_a_frozen_group_is_evicted_as_stalled_long_before_its_heartbeat_timeout(kube, namespace, operators):
     operators()
     # 600 s: neither the lighthouse's heartbeat timeout nor the operator's HeartbeatLost (2 x that) can act here
-    manifest = job_manifest(JOB, command=TRAIN, replicas=2, minReplicas=1, lighthouse={"heartbeatTimeoutSeconds": 600})
+    manifest = job_manifest(JOB, command=TRAIN, replicas=2, minReplicas=1, lighthouse={"heartbeatTimeoutSeconds": 600},
+                            integrity=TINY_MODEL_INTEGRITY)  # fmt: skip
     create_job(kube.custom, namespace, manifest)
     before = wait_for(lambda: (g := running_groups(kube.core, namespace, JOB)) and len(g) == 2 and g, 180,
                       "2 training groups running")  # fmt: skip
