@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """The lighthouse at scale (a benchmark, not a test): a real lighthouse process pinned to one core, and several
 load-generator processes (pinned to the other cores) that open the sockets the trainer opens: one watch WebSocket
-per replica group (rank 0's: the other ranks learn aborts through their group), heartbeats on it, the link ping the
-client sends every 2 s, and one quorum request per group per step with the trainer's own body (QuorumRequest as the
-Manager builds it, addresses sized by --ranks). Between rounds a group fails -- alternately evicted by the operator's
+per replica group (rank 0's: the other ranks learn aborts through their group), heartbeats on it (as the client: one
+after every period in which the group sent nothing, a quorum request counting as one), the link ping the client sends
+every 2 s, and one quorum request per group per step with the trainer's own body (QuorumRequest as the Manager builds
+it, addresses sized by --ranks). Between rounds a group fails -- alternately evicted by the operator's
 POST /v1/membership/evict and its watch socket closed (a dead process) -- and joins again with a new incarnation.
 
   round:    first quorum request of the round sent -> last answer received (all processes, one monotonic clock);
-            also the lighthouse's own CPU seconds in that round (what the round costs it, whatever the generators do)
+            also the lighthouse's own CPU seconds in that round (what the round costs it, whatever the generators do),
+            the generators' CPU in it (all on the other core(s): when near the round time, they bound it) and the
+            heartbeats sent during it
   abort:    eviction (POST sent / socket closed) -> the abort signal received on every other group's watch socket
             (a rank > 0 gets it relayed by its rank 0 through the group: add well under a millisecond)
   heartbeats/s the lighthouse counted in a quiet window, its CPU (fraction of its one core) and max RSS (VmHWM)
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import heapq
 import json
 import multiprocessing as mp
 import os
@@ -43,6 +47,7 @@ from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumRequest
 
 TOKEN = "bench-token"
+STEP_MARK, QID_MARK = 7_777_777_777_777, 8_888_888_888_888  # placeholders in a group's body template
 # cProfile on CPU time (not wall time: on a shared machine the time the lighthouse waits for its core is no cost)
 PROFILE = (
     "import cProfile,sys,time;from ftjob.lighthouse.cli import main;p=cProfile.Profile(time.process_time);"
@@ -66,8 +71,17 @@ class Group:
         self.g, self.inc, self.gen = g, f"inc-{g}-0", 0
         self.ws: aiohttp.ClientWebSocketResponse | None = None
         self.abort_below, self.abort_at, self.step, self.qid = 0, 0.0, 0, -1
+        self.told = 0.0  # when it last sent the lighthouse a frame that counts as a heartbeat
+        self._template: tuple[str, str] | None = None  # (incarnation, its body with placeholders)
         self.answer: asyncio.Future[str] | None = None
         self.stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    def body(self, ranks: int) -> str:
+        """The trainer's quorum body (quorum_body), built by pydantic once per incarnation: only step and quorum id
+        change between rounds (string replaces here, so the generators' core goes to the sockets)."""
+        if self._template is None or self._template[0] != self.inc:
+            self._template = (self.inc, quorum_body(self.g, self.inc, STEP_MARK, QID_MARK, ranks))
+        return self._template[1].replace(str(STEP_MARK), str(self.step)).replace(str(QID_MARK), str(self.qid))
 
 
 class Generator:
@@ -107,12 +121,22 @@ class Generator:
             grp.answer.set_exception(ConnectionError(f"watch socket closed ({ws.close_code})"))
 
     async def heartbeats(self) -> None:
-        """Each group's heartbeat every ``interval`` (spread evenly over the interval, as independent clients are)."""
-        tick, order, i = 0.02, list(self.groups.values()), 0
+        """Each group's heartbeat after every interval it told the lighthouse nothing (LighthouseClient's rule: a
+        quorum request counts as one), first ones spread evenly over the interval as independent clients are."""
+        tick, now = 0.02, time.monotonic()
+        due = [(now + self.interval * i / len(self.groups), g) for i, g in enumerate(self.groups)]
+        heapq.heapify(due)
         while True:
             await asyncio.sleep(tick)
-            for _ in range(max(1, round(len(order) * tick / self.interval))):
-                grp, i = order[i % len(order)], i + 1
+            now = time.monotonic()
+            while due and due[0][0] <= now:
+                _, g = heapq.heappop(due)
+                grp = self.groups[g]
+                if now - grp.told < self.interval:  # it asked since: the next beat is one interval after that
+                    heapq.heappush(due, (grp.told + self.interval, g))
+                    continue
+                grp.told = now
+                heapq.heappush(due, (now + self.interval, g))
                 if grp.ws is not None and not grp.ws.closed:
                     frame = f'{{"step":{grp.step},"progress":{grp.step * 4},"waiting":false}}'
                     send = grp.ws.send_str(frame)
@@ -125,6 +149,7 @@ class Generator:
                         pass  # closed under us: the group rejoins when the master says so
 
     async def ask(self, grp: Group, body: str) -> str:
+        grp.told = time.monotonic()
         if self.mode == "ws":
             assert grp.ws is not None
             grp.answer = asyncio.get_running_loop().create_future()
@@ -151,8 +176,9 @@ class Generator:
             raise RuntimeError(f"group {grp.g}: {headers[:12]!r} {data}")
         return data
 
-    async def round(self, step: int) -> tuple[float, float, int, list[str]]:
-        bodies = [(grp, quorum_body(grp.g, grp.inc, grp.step, grp.qid, self.ranks)) for grp in self.groups.values()]
+    async def round(self, step: int) -> tuple[float, float, int, list[str], float, int]:
+        cpu, beats = time.process_time(), self.beats
+        bodies = [(grp, grp.body(self.ranks)) for grp in self.groups.values()]
         first = time.monotonic()
         answers = await asyncio.gather(*(self.ask(grp, body) for grp, body in bodies), return_exceptions=True)
         last = time.monotonic()
@@ -164,7 +190,7 @@ class Generator:
                 errors.append(f"group {grp.g}: {text}"[:200])
                 continue
             grp.qid, grp.step, qid = answer["quorum_id"], answer["max_step"] + 1, answer["quorum_id"]
-        return first, last, qid, errors
+        return first, last, qid, errors, time.process_time() - cpu, self.beats - beats
 
     async def fail(self, g: int) -> float:
         grp = self.groups[g]
@@ -324,7 +350,7 @@ def main() -> int:
             conn.send((cmd, arg))
             return conn.recv()
 
-        rounds, lh_cpu, aborts, missing = [], [], [], 0
+        rounds, lh_cpu, gen_cpu, round_beats, aborts, missing = [], [], [], [], [], 0
         rng = random.Random(11)
         t_run, cpu_run = time.monotonic(), proc_stats(lh.pid)[0]
         for r in range(args.rounds):
@@ -334,6 +360,8 @@ def main() -> int:
             got = [c.recv() for c in pipes]
             rounds.append(max(x[1] for x in got) - min(x[0] for x in got))
             lh_cpu.append(proc_stats(lh.pid)[0] - c0)
+            gen_cpu.append(sum(x[4] for x in got))
+            round_beats.append(sum(x[5] for x in got))
             qid = max(x[2] for x in got)
             errors = [e for x in got for e in x[3]]
             if errors:
@@ -374,7 +402,9 @@ def main() -> int:
         counted = f"{(n1 - n0) / (t1 - t0):,.0f}/s counted by the lighthouse" if n0 is not None else "not counted"
         print(f"quorum round: median {statistics.median(rounds):.3f}s p99 {pct(rounds, 0.99):.3f}s over "
               f"{len(rounds)} rounds (goal <= 0.5s); lighthouse CPU per round median "
-              f"{statistics.median(lh_cpu):.3f}s max {max(lh_cpu):.3f}s")  # fmt: skip
+              f"{statistics.median(lh_cpu):.3f}s max {max(lh_cpu):.3f}s; the generators' CPU per round (all "
+              f"of them, on {len(others)} core(s)) median {statistics.median(gen_cpu):.3f}s; heartbeats sent "
+              f"during a round median {statistics.median(round_beats):,.0f}")  # fmt: skip
         if aborts:
             print(f"eviction -> abort on every watch socket: median {statistics.median(aborts) * 1000:.0f}ms p99 "
                   f"{pct(aborts, 0.99) * 1000:.0f}ms over {len(aborts)} failures (goal p99 <= 200ms); sockets "

@@ -1,5 +1,6 @@
 """The watch socket's link ping follows the heartbeat pace the lighthouse pushes (trainer/ft/watch_link.py): a
-lighthouse that paces its many groups slower must not see them drop their sockets on a pong late by a second."""
+lighthouse that paces its many groups slower must not see them drop their sockets on a pong late by a second. And the
+heartbeats themselves: one after every interval the group told the lighthouse nothing (a quorum request counts)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 from ftjob import contract
-from ftjob.contract.lighthouse_api import AbortSignal
+from ftjob.contract.lighthouse_api import AbortSignal, QuorumRequest, QuorumResponse, WatchQuorumAnswer
 from ftjob.ft.lighthouse_client import LighthouseClient
 from ftjob.ft.watch_link import LINK_PING_S, LINK_PONG_S, link_timing
 from ftjob.lighthouse.watch import TIMEOUT_BEATS, HeartbeatPace
+
+ANSWER = QuorumResponse(quorum_id=1, max_step=0, replica_rank=0, replica_world_size=1, contributing=True,
+                        contributor_rank=0, num_contributors=1, heal=False, store_address="127.0.0.1:2",
+                        store_addresses=["127.0.0.1:2"], store_prefix="q1", abort_below=0)  # fmt: skip
 
 
 class FakeWatch:
@@ -24,6 +29,7 @@ class FakeWatch:
         self.interval_s = interval_s
         self.loop = asyncio.new_event_loop()
         self.sockets: list[web.WebSocketResponse] = []
+        self.frames: list[str] = []  # "beat" or "quorum", in the order they arrived
         self.port = 0
         self._runner: web.AppRunner | None = None
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
@@ -43,8 +49,12 @@ class FakeWatch:
         await ws.prepare(request)
         self.sockets.append(ws)
         await ws.send_str(self._signal(self.interval_s))
-        async for _ in ws:  # heartbeats: ignored
-            pass
+        async for msg in ws:
+            if '"kind":"quorum"' not in msg.data:
+                self.frames.append("beat")
+                continue
+            self.frames.append("quorum")  # answered at once: a one-group quorum
+            await ws.send_str(WatchQuorumAnswer(status=200, quorum=ANSWER).model_dump_json())
         return ws
 
     @staticmethod
@@ -100,5 +110,26 @@ def test_the_open_watch_socket_follows_the_pushed_pace(busy_lighthouse: FakeWatc
         busy_lighthouse.push(0.8)
         wait_for("a slower pace again", lambda: client._ws is not None and client._ws.timing == link_timing(0.8))
         assert client.reconnects == 0  # the pace changed on the open socket
+    finally:
+        client.close()
+
+
+def test_a_quorum_request_counts_as_a_heartbeat(busy_lighthouse: FakeWatch):
+    """At scale a step is shorter than the pace (1.6 s here): a group asking every step sends no heartbeat between
+    its requests (the lighthouse reads half the frames per round), and beats again once it stops asking."""
+    client = LighthouseClient(f"http://127.0.0.1:{busy_lighthouse.port}", "t", "0", "inc-0").start()
+    try:
+        wait_for("the hello's pace", lambda: client._ws is not None and client._ws.timing == link_timing(1.6))
+        req = QuorumRequest(group="0", incarnation="inc-0", step=0, quorum_id=0, address="127.0.0.1:1",
+                            store_address="127.0.0.1:2")  # fmt: skip
+        for step in range(60):  # back-to-back steps for about two heartbeat periods
+            client.quorum(req.model_copy(update={"step": step}), timeout_s=10)
+            time.sleep(0.05)  # the step's work
+        frames = busy_lighthouse.frames
+        asking = frames[frames.index("quorum") : len(frames) - frames[::-1].index("quorum")]
+        assert asking.count("quorum") == 60
+        assert "beat" not in asking, f"heartbeats between quorum requests 50 ms apart: {asking.count('beat')}"
+        beats = frames.count("beat")
+        wait_for("a heartbeat once the group stops asking", lambda: busy_lighthouse.frames.count("beat") > beats)
     finally:
         client.close()

@@ -93,6 +93,7 @@ class LighthouseClient:
         self.waiting = False  # the training thread is blocked in the step's cross-group collective
         self._headers = {"Authorization": f"Bearer {token}"}
         self._interval = heartbeat_interval_s
+        self._last_told = 0.0  # monotonic time of the last frame that told the lighthouse this group lives
         self._on_abort = on_abort
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"lighthouse-client-{group}", daemon=True)
@@ -271,6 +272,7 @@ class LighthouseClient:
             remaining = max(0.5, deadline - now)
             try:
                 ask = req.model_copy(update={"timeout_s": remaining})
+                self._last_told = time.monotonic()  # the lighthouse counts a quorum request as a heartbeat
                 if self._ws is not None and not self._ws.closed:  # one connection per group: ask on the watch
                     return await self._asked.ask(self._ws, ask, remaining + 5, self._link_lost)
                 return await self._post_unless_lost(contract.PATH_QUORUM, ask, QuorumResponse, remaining + 5)
@@ -345,10 +347,17 @@ class LighthouseClient:
             backoff = min(backoff * 2, 0.5)
 
     async def _send_heartbeats(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """A heartbeat after every interval the group told the lighthouse nothing: a quorum request is one too (it
+        refreshes liveness and starts the step's progress clock), so a step shorter than the interval costs the
+        lighthouse one frame, not two -- at scale, where the pace is ~1 s, about half of what it reads per round."""
         while not ws.closed:
+            quiet = time.monotonic() - self._last_told
+            if quiet < self._interval:
+                await asyncio.sleep(self._interval - quiet)
+                continue
             beat = WatchHeartbeat(step=self.step, progress=self.progress, waiting=self.waiting)
+            self._last_told = time.monotonic()
             await ws.send_str(beat.model_dump_json())
-            await asyncio.sleep(self._interval)
 
     @property
     def link_timing(self) -> tuple[float, float]:
