@@ -42,9 +42,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import aiohttp
 from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumRequest
+from ws_lite import LiteSocket
 
 TOKEN = "bench-token"
 STEP_MARK, QID_MARK = 7_777_777_777_777, 8_888_888_888_888  # placeholders in a group's body template
@@ -69,7 +69,7 @@ def quorum_body(g: int, inc: str, step: int, qid: int, ranks: int) -> str:
 class Group:
     def __init__(self, g: int) -> None:
         self.g, self.inc, self.gen = g, f"inc-{g}-0", 0
-        self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self.ws: LiteSocket | None = None
         self.abort_below, self.abort_at, self.step, self.qid = 0, 0.0, 0, -1
         self.told = 0.0  # when it last sent the lighthouse a frame that counts as a heartbeat
         self._template: tuple[str, str] | None = None  # (incarnation, its body with placeholders)
@@ -94,31 +94,47 @@ class Generator:
         self.groups = {g: Group(g) for g in groups}
         self.interval = hb_default
         self.beats = 0
-        self.readers: set[asyncio.Future[None]] = set()
 
     async def open(self, grp: Group) -> None:
+        """The group's watch socket (hack/bench/ws_lite.py); its first frame (the hello) sets the pace."""
         query = {"group": str(grp.g), "incarnation": grp.inc, "rank": "0"}
-        grp.ws = await self.session.ws_connect(self.url + contract.PATH_WATCH, params=query, heartbeat=self.ping)
-        hello = await grp.ws.receive_str()
-        grp.abort_below = json.loads(hello)["abort_below"]
-        self.interval = json.loads(hello).get("heartbeat_interval_s", self.interval)
-        self.readers.add(reader := asyncio.ensure_future(self.read(grp, grp.ws)))
-        reader.add_done_callback(self.readers.discard)
+        hello = asyncio.get_running_loop().create_future()
 
-    async def read(self, grp: Group, ws: aiohttp.ClientWebSocketResponse) -> None:
-        async for msg in ws:
-            if msg.type != aiohttp.WSMsgType.TEXT:
-                continue
-            if msg.data.startswith('{"kind":"quorum"'):
+        def on_text(text: str) -> None:
+            if text.startswith('{"kind":"quorum"'):
                 if grp.answer is not None and not grp.answer.done():
-                    grp.answer.set_result(msg.data)
-                continue
-            signal = json.loads(msg.data)
-            if signal["abort_below"] > grp.abort_below and grp.ws is ws:
-                grp.abort_below, grp.abort_at = signal["abort_below"], time.monotonic()
+                    grp.answer.set_result(text)
+                return
+            signal = json.loads(text)
+            if not hello.done():
+                hello.set_result(None)
+            elif signal["abort_below"] > grp.abort_below:  # (a closed socket's transport reads nothing more)
+                grp.abort_at = time.monotonic()
+            grp.abort_below = max(grp.abort_below, signal["abort_below"])
             self.interval = signal.get("heartbeat_interval_s", self.interval)
+
+        ws = await LiteSocket.connect(self.host, int(self.port), contract.PATH_WATCH, query, TOKEN, on_text, self.src)
+        grp.ws = ws
+        await asyncio.wait({hello, ws.ended}, return_when=asyncio.FIRST_COMPLETED)
+        if not hello.done():
+            raise ConnectionError(f"group {grp.g}: watch socket closed before its first frame")
+        ws.ended.add_done_callback(lambda _: self.lost(grp, ws))
+
+    def lost(self, grp: Group, ws: LiteSocket) -> None:
         if grp.ws is ws and grp.answer is not None and not grp.answer.done():
-            grp.answer.set_exception(ConnectionError(f"watch socket closed ({ws.close_code})"))
+            grp.answer.set_exception(ConnectionError("watch socket closed"))
+
+    async def pings(self) -> None:
+        """The client's link ping on every open socket each ``ping`` seconds (spread over the period)."""
+        assert self.ping
+        tick, order, start = 0.02, list(self.groups.values()), 0
+        per_tick = max(1, round(len(order) * tick / self.ping))
+        while True:
+            await asyncio.sleep(tick)
+            for grp in order[start : start + per_tick]:
+                if grp.ws is not None:
+                    grp.ws.ping()
+            start = (start + per_tick) % len(order)
 
     async def heartbeats(self) -> None:
         """Each group's heartbeat after every interval it told the lighthouse nothing (LighthouseClient's rule: a
@@ -137,23 +153,17 @@ class Generator:
                     continue
                 grp.told = now
                 heapq.heappush(due, (now + self.interval, g))
-                if grp.ws is not None and not grp.ws.closed:
+                if grp.ws is not None:  # a closed socket, or one whose lighthouse is far behind, skips the beat
                     frame = f'{{"step":{grp.step},"progress":{grp.step * 4},"waiting":false}}'
-                    send = grp.ws.send_str(frame)
-                    try:  # written at once; a socket whose buffer is full (a lighthouse behind) skips this beat
-                        send.send(None)
-                        send.close()
-                    except StopIteration:
-                        self.beats += 1
-                    except (aiohttp.ClientError, ConnectionError):
-                        pass  # closed under us: the group rejoins when the master says so
+                    self.beats += grp.ws.send_text(frame, may_skip=True)
 
     async def ask(self, grp: Group, body: str) -> str:
         grp.told = time.monotonic()
         if self.mode == "ws":
             assert grp.ws is not None
             grp.answer = asyncio.get_running_loop().create_future()
-            await grp.ws.send_str('{"kind":"quorum","request":' + body + "}")
+            if not grp.ws.send_text('{"kind":"quorum","request":' + body + "}"):
+                raise ConnectionError("watch socket closed")
             return await grp.answer
         if grp.stream is None:
             grp.stream = await asyncio.open_connection(self.host, int(self.port), local_addr=(self.src, 0))
@@ -196,13 +206,13 @@ class Generator:
         grp = self.groups[g]
         assert grp.ws is not None
         t0 = time.monotonic()
-        await grp.ws.close()  # a dead process: the lighthouse drops the group and aborts the quorum in flight
+        grp.ws.close()  # a dead process: the lighthouse drops the group and aborts the quorum in flight
         return t0
 
     async def rejoin(self, g: int) -> None:
         grp = self.groups[g]
-        if grp.ws is not None and not grp.ws.closed:
-            await grp.ws.close()
+        if grp.ws is not None:
+            grp.ws.close()
         grp.gen += 1
         grp.inc, grp.step, grp.qid = f"inc-{g}-{grp.gen}", 0, -1  # a new process: it heals at its first quorum
         if grp.stream is not None:
@@ -222,9 +232,6 @@ class Generator:
         return max(seen, default=None), len(self.groups) - (skip in self.groups) - len(seen)
 
     async def serve(self, conn: mp.connection.Connection) -> None:
-        connector = aiohttp.TCPConnector(limit=0, local_addr=(self.src, 0))
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        self.session = aiohttp.ClientSession(headers=headers, connector=connector)
         loop = asyncio.get_running_loop()
         sem = asyncio.Semaphore(64)
 
@@ -234,6 +241,7 @@ class Generator:
 
         beating = asyncio.ensure_future(self.heartbeats())  # the first groups beat while the others connect
         await asyncio.gather(*(bounded_open(grp) for grp in self.groups.values()))
+        pinging = asyncio.ensure_future(self.pings()) if self.ping else None
         conn.send(("ready", self.interval))
         while True:
             cmd, arg = await loop.run_in_executor(None, conn.recv)
@@ -248,7 +256,11 @@ class Generator:
                 assert handler is not None, cmd
                 conn.send(await handler(arg))
         beating.cancel()
-        await self.session.close()
+        if pinging is not None:
+            pinging.cancel()
+        for grp in self.groups.values():
+            if grp.ws is not None:
+                grp.ws.close()
 
 
 def generator(conn: mp.connection.Connection, cpus: set[int], *args: object) -> None:
