@@ -3,9 +3,10 @@
 load-generator processes (pinned to the other cores) that open the sockets the trainer opens: one watch WebSocket
 per replica group (rank 0's: the other ranks learn aborts through their group), heartbeats on it (as the client: one
 after every period in which the group sent nothing, a quorum request counting as one), the link ping the client sends
-every 2 s, and one quorum request per group per step with the trainer's own body (QuorumRequest as the Manager builds
-it, addresses sized by --ranks). Between rounds a group fails -- alternately evicted by the operator's
-POST /v1/membership/evict and its watch socket closed (a dead process) -- and joins again with a new incarnation.
+(every max(2 s, 3 heartbeat periods)), and one quorum request per group per step with the trainer's own body
+(QuorumRequest as the Manager builds it, addresses sized by --ranks). Between rounds a group fails -- alternately
+evicted by the operator's POST /v1/membership/evict and its watch socket closed (a dead process) -- and joins again
+with a new incarnation.
 
   round:    first quorum request of the round sent -> last answer received (all processes, one monotonic clock);
             also the lighthouse's own CPU seconds in that round (what the round costs it, whatever the generators do),
@@ -44,6 +45,7 @@ from pathlib import Path
 
 from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumRequest
+from ftjob.ft.watch_link import link_timing
 from ws_lite import LiteSocket
 
 TOKEN = "bench-token"
@@ -88,7 +90,7 @@ class Generator:
     """One load-generator process: its share of the groups, driven by the master's commands over a pipe."""
 
     def __init__(self, url: str, groups: list[int], ranks: int, src: str, mode: str, hb_default: float,
-                 ping: float | None) -> None:  # fmt: skip
+                 ping: float) -> None:  # fmt: skip
         self.url, self.ranks, self.src, self.mode, self.ping = url, ranks, src, mode, ping
         self.host, self.port = url.removeprefix("http://").split(":")
         self.groups = {g: Group(g) for g in groups}
@@ -125,12 +127,13 @@ class Generator:
             grp.answer.set_exception(ConnectionError("watch socket closed"))
 
     async def pings(self) -> None:
-        """The client's link ping on every open socket each ``ping`` seconds (spread over the period)."""
-        assert self.ping
+        """The link ping on every open socket, spread over its period: the client's (it follows the heartbeat pace)
+        unless --link-ping says."""
         tick, order, start = 0.02, list(self.groups.values()), 0
-        per_tick = max(1, round(len(order) * tick / self.ping))
         while True:
             await asyncio.sleep(tick)
+            period = self.ping if self.ping > 0 else link_timing(self.interval)[0]
+            per_tick = max(1, round(len(order) * tick / period))
             for grp in order[start : start + per_tick]:
                 if grp.ws is not None:
                     grp.ws.ping()
@@ -241,7 +244,7 @@ class Generator:
 
         beating = asyncio.ensure_future(self.heartbeats())  # the first groups beat while the others connect
         await asyncio.gather(*(bounded_open(grp) for grp in self.groups.values()))
-        pinging = asyncio.ensure_future(self.pings()) if self.ping else None
+        pinging = asyncio.ensure_future(self.pings()) if self.ping != 0 else None
         conn.send(("ready", self.interval))
         while True:
             cmd, arg = await loop.run_in_executor(None, conn.recv)
@@ -312,8 +315,8 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=4, help="load-generator processes")
     p.add_argument("--quorum-over", choices=("http", "ws"), default="ws")
     p.add_argument("--hb-interval", type=float, default=0.1, help="heartbeat interval unless the lighthouse says")
-    p.add_argument("--link-ping", type=float, default=2.0, help="ws ping period as the client's (0: none; a "
-                   "starved generator then does not hang up on a late pong)")  # fmt: skip
+    p.add_argument("--link-ping", type=float, default=-1.0, help="ws ping period (default: the client's, "
+                   "ftjob.ft.watch_link.link_timing of the pushed heartbeat period; 0: none)")  # fmt: skip
     p.add_argument("--quiet-s", type=float, default=5.0, help="window to measure the heartbeat rate held")
     p.add_argument("--lighthouse-cpu", type=int, default=0)
     p.add_argument("--profile", help="run the lighthouse under cProfile, stats to this file")
@@ -345,7 +348,7 @@ def main() -> int:
                 f"127.0.0.{10 + i}",
                 args.quorum_over,
                 args.hb_interval,
-                args.link_ping or None,
+                args.link_ping,
             )
             procs.append(ctx.Process(target=generator, args=(b, others, *gen), daemon=True))
             procs[-1].start()
