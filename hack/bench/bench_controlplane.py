@@ -3,18 +3,19 @@
 load-generator processes (pinned to the other cores) that open the sockets the trainer opens: one watch WebSocket
 per replica group (rank 0's: the other ranks learn aborts through their group), heartbeats on it (as the client: one
 after every period in which the group sent nothing, a quorum request counting as one), the link ping the client sends
-(every max(2 s, 3 heartbeat periods)), and one quorum request per group per step with the trainer's own body
-(QuorumRequest as the Manager builds it, addresses sized by --ranks). Between rounds a group fails -- alternately
-evicted by the operator's POST /v1/membership/evict and its watch socket closed (a dead process) -- and joins again
-with a new incarnation.
+(as aiohttp's client: after every max(2 s, 3 heartbeat periods) in which its socket received nothing), and one quorum
+request per group per step with the trainer's own body (QuorumRequest as the Manager builds it, addresses sized by
+--ranks). Between rounds a group fails -- alternately evicted by the operator's POST /v1/membership/evict and its
+watch socket closed (a dead process) -- and joins again with a new incarnation.
 
   round:    first quorum request of the round sent -> last answer received (all processes, one monotonic clock);
             also the lighthouse's own CPU seconds in that round (what the round costs it, whatever the generators do),
             the generators' CPU in it (all on the other core(s): when near the round time, they bound it) and the
-            heartbeats sent during it
+            heartbeats and link pings sent during it
   abort:    eviction (POST sent / socket closed) -> the abort signal received on every other group's watch socket
             (a rank > 0 gets it relayed by its rank 0 through the group: add well under a millisecond)
-  heartbeats/s the lighthouse counted in a quiet window, its CPU (fraction of its one core) and max RSS (VmHWM)
+  heartbeats/s the lighthouse counted in a quiet window (and the link pings/s: no answers come then), its CPU
+            (fraction of its one core) and max RSS (VmHWM)
 
 --quorum-over http: POST /v1/quorum on a keep-alive connection per group (the trainer's client today: 2 sockets per
 group, so at most ~9,000 groups fit the lighthouse's 20,000-descriptor limit here); ws: the request as a frame on
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import gc
 import heapq
 import json
 import multiprocessing as mp
@@ -95,7 +97,7 @@ class Generator:
         self.host, self.port = url.removeprefix("http://").split(":")
         self.groups = {g: Group(g) for g in groups}
         self.interval = hb_default
-        self.beats = 0
+        self.beats = self.pings_sent = 0
 
     async def open(self, grp: Group) -> None:
         """The group's watch socket (hack/bench/ws_lite.py); its first frame (the hello) sets the pace."""
@@ -127,16 +129,18 @@ class Generator:
             grp.answer.set_exception(ConnectionError("watch socket closed"))
 
     async def pings(self) -> None:
-        """The link ping on every open socket, spread over its period: the client's (it follows the heartbeat pace)
-        unless --link-ping says."""
+        """The link ping on every open socket that received nothing for a whole period (aiohttp's client restarts
+        its ping timer on every frame it receives), sockets visited spread over the period: the client's period (it
+        follows the heartbeat pace) unless --link-ping says."""
         tick, order, start = 0.02, list(self.groups.values()), 0
         while True:
             await asyncio.sleep(tick)
             period = self.ping if self.ping > 0 else link_timing(self.interval)[0]
-            per_tick = max(1, round(len(order) * tick / period))
+            per_tick, now = max(1, round(len(order) * tick / period)), time.monotonic()
             for grp in order[start : start + per_tick]:
-                if grp.ws is not None:
+                if grp.ws is not None and now - grp.ws.heard >= period:
                     grp.ws.ping()
+                    self.pings_sent += 1
             start = (start + per_tick) % len(order)
 
     async def heartbeats(self) -> None:
@@ -189,8 +193,8 @@ class Generator:
             raise RuntimeError(f"group {grp.g}: {headers[:12]!r} {data}")
         return data
 
-    async def round(self, step: int) -> tuple[float, float, int, list[str], float, int]:
-        cpu, beats = time.process_time(), self.beats
+    async def round(self, step: int) -> tuple[float, float, int, list[str], float, int, int]:
+        cpu, beats, pings = time.process_time(), self.beats, self.pings_sent
         bodies = [(grp, grp.body(self.ranks)) for grp in self.groups.values()]
         first = time.monotonic()
         answers = await asyncio.gather(*(self.ask(grp, body) for grp, body in bodies), return_exceptions=True)
@@ -203,7 +207,7 @@ class Generator:
                 errors.append(f"group {grp.g}: {text}"[:200])
                 continue
             grp.qid, grp.step, qid = answer["quorum_id"], answer["max_step"] + 1, answer["quorum_id"]
-        return first, last, qid, errors, time.process_time() - cpu, self.beats - beats
+        return first, last, qid, errors, time.process_time() - cpu, self.beats - beats, self.pings_sent - pings
 
     async def fail(self, g: int) -> float:
         grp = self.groups[g]
@@ -247,6 +251,10 @@ class Generator:
         pinging = asyncio.ensure_future(self.pings()) if self.ping != 0 else None
         conn.send(("ready", self.interval))
         while True:
+            # Each simulated group stands for a process of its own, with a small heap: frozen, this process's
+            # thousands of sockets are never scanned by its garbage collector, whose pauses would count as the
+            # lighthouse's latency (reference counting frees them as before).
+            gc.freeze()
             cmd, arg = await loop.run_in_executor(None, conn.recv)
             if cmd == "stop":
                 break
@@ -254,7 +262,7 @@ class Generator:
             if cmd == "abort":
                 conn.send(await self.abort_seen(*arg))
             elif cmd == "beats":
-                conn.send((self.beats, self.interval))
+                conn.send((self.beats, self.interval, self.pings_sent))
             else:
                 assert handler is not None, cmd
                 conn.send(await handler(arg))
@@ -365,7 +373,7 @@ def main() -> int:
             conn.send((cmd, arg))
             return conn.recv()
 
-        rounds, lh_cpu, gen_cpu, round_beats, aborts, missing = [], [], [], [], [], 0
+        rounds, lh_cpu, gen_cpu, round_beats, round_pings, aborts, missing = [], [], [], [], [], [], 0
         rng = random.Random(11)
         t_run, cpu_run = time.monotonic(), proc_stats(lh.pid)[0]
         for r in range(args.rounds):
@@ -377,6 +385,7 @@ def main() -> int:
             lh_cpu.append(proc_stats(lh.pid)[0] - c0)
             gen_cpu.append(sum(x[4] for x in got))
             round_beats.append(sum(x[5] for x in got))
+            round_pings.append(sum(x[6] for x in got))
             qid = max(x[2] for x in got)
             errors = [e for x in got for e in x[3]]
             if errors:
@@ -397,10 +406,12 @@ def main() -> int:
                 call(owner[victim], "rejoin", victim)
         run_s, run_cpu = time.monotonic() - t_run, proc_stats(lh.pid)[0] - cpu_run
         n0, c0, t0 = heartbeats_counted(url), proc_stats(lh.pid)[0], time.monotonic()
-        b0 = sum(call(c, "beats", None)[0] for c in pipes)
+        before = [call(c, "beats", None) for c in pipes]
         time.sleep(args.quiet_s)
         n1, (c1, rss), t1 = heartbeats_counted(url), proc_stats(lh.pid), time.monotonic()
-        sent = (sum(call(c, "beats", None)[0] for c in pipes) - b0) / (t1 - t0)
+        after = [call(c, "beats", None) for c in pipes]
+        sent = sum(a[0] - b[0] for a, b in zip(after, before, strict=True)) / (t1 - t0)
+        pinged = sum(a[2] - b[2] for a, b in zip(after, before, strict=True)) / (t1 - t0)
         drops = drops_counted(url)
         for c in pipes:
             c.send(("stop", None))
@@ -419,15 +430,18 @@ def main() -> int:
               f"{len(rounds)} rounds (goal <= 0.5s); lighthouse CPU per round median "
               f"{statistics.median(lh_cpu):.3f}s max {max(lh_cpu):.3f}s; the generators' CPU per round (all "
               f"of them, on {len(others)} core(s)) median {statistics.median(gen_cpu):.3f}s; heartbeats sent "
-              f"during a round median {statistics.median(round_beats):,.0f}")  # fmt: skip
+              f"during a round median {statistics.median(round_beats):,.0f}, link pings "
+              f"{statistics.median(round_pings):,.0f}")  # fmt: skip
         if aborts:
             print(f"eviction -> abort on every watch socket: median {statistics.median(aborts) * 1000:.0f}ms p99 "
                   f"{pct(aborts, 0.99) * 1000:.0f}ms over {len(aborts)} failures (goal p99 <= 200ms); sockets "
                   f"that never saw it: {missing}; ranks > 0 hear it from their rank 0 (+ well under 1ms)")  # fmt: skip
+            print(f"  each failure in turn (evicted, closed, ...), ms: {[round(a * 1000) for a in aborts]}")
         if pushes:
             print(f"  of which the lighthouse writing a signal to every socket: median "
                   f"{statistics.median(pushes):.0f}ms max {max(pushes):.0f}ms over {len(pushes)} pushes")  # fmt: skip
-        print(f"heartbeats (quiet {args.quiet_s:g}s): {sent:,.0f}/s sent, {counted}; lighthouse CPU "
+        print(f"heartbeats (quiet {args.quiet_s:g}s): {sent:,.0f}/s sent, {counted}; link pings {pinged:,.0f}/s; "
+              f"lighthouse CPU "
               f"{(c1 - c0) / (t1 - t0):.0%} of its core while quiet, {run_cpu / run_s:.0%} over the rounds; "
               f"max RSS {rss / 2**20:.0f} MiB")  # fmt: skip
         print(f"groups dropped by the lighthouse, by reason: {drops or 'none'} (the bench evicted/closed "

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import os
 import struct
+import time
 from collections.abc import Callable
 from urllib.parse import urlencode
 
@@ -38,7 +39,8 @@ def client_frame(opcode: int, payload: bytes) -> bytes:
 
 class LiteSocket(asyncio.Protocol):
     """One client watch socket; ``on_text`` gets each text message, ``opened`` resolves with the handshake's status
-    once the server answered it, ``ended`` when the connection is gone."""
+    once the server answered it, ``ended`` when the connection is gone, ``heard`` when it last received data
+    (time.monotonic(): aiohttp's client pings only a socket silent for a whole ping period)."""
 
     def __init__(self, request: bytes, on_text: Callable[[str], None]) -> None:
         loop = asyncio.get_running_loop()
@@ -48,6 +50,7 @@ class LiteSocket(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buf = b""
         self.closed = False
+        self.heard = time.monotonic()
 
     @classmethod
     async def connect(cls, host: str, port: int, path: str, query: dict[str, str], token: str,
@@ -72,6 +75,7 @@ class LiteSocket(asyncio.Protocol):
         transport.write(self._request)
 
     def data_received(self, data: bytes) -> None:
+        self.heard = time.monotonic()
         buf = self._buf + data
         if not self.opened.done():
             end = buf.find(b"\r\n\r\n")
