@@ -17,6 +17,7 @@ from aiohttp import web
 from ftjob import contract
 from ftjob.contract.tls import server_context
 from ftjob.lighthouse.audit import configure_audit_logging
+from ftjob.lighthouse.gc_pacing import GcPacer
 from ftjob.lighthouse.integrity import DEFAULT_MAX_OFFENCES, DEFAULT_WINDOW_S, IntegrityChecks
 from ftjob.lighthouse.quorum import QuorumCore
 from ftjob.lighthouse.server import LighthouseServer
@@ -233,11 +234,17 @@ async def serve(args: argparse.Namespace, token: str) -> None:
         f"quorum_id={server.core.quorum_id}, committed_step={server.core.committed_step})",
         flush=True,
     )
+    # this process's garbage collector, paced for a heap of many long-lived connections (ftjob.lighthouse.gc_pacing)
+    metrics = server.metrics
+    pacer = GcPacer(connections=lambda: server.open_sockets, on_full=metrics.gc_full_seconds.observe,
+                    on_tick=metrics.gc_ticks.inc)  # fmt: skip
+    pacing = asyncio.create_task(pacer.run())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    pacing.cancel()
     log.info("stopping: telling every waiting group to retry elsewhere")
     await server.shutdown()
     await runner.cleanup()

@@ -59,5 +59,16 @@ class LighthouseMetrics:
             registry=r,
         )
 
+        # the lighthouse process's garbage collector (ftjob.lighthouse.gc_pacing): observed by its CLI only
+        self.gc_ticks = Counter(
+            "ftjob_lighthouse_gc_ticks", "Times the lighthouse froze its heap (or collected it fully)", registry=r
+        )
+        self.gc_full_seconds = Histogram(
+            "ftjob_lighthouse_gc_full_seconds",
+            "CPU seconds of each full garbage collection (a pause of the lighthouse)",
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -67,6 +67,7 @@ class WatchSocketEndpoint:
     _waiters: dict[str, tuple[str, Waiter]]
     _answers_due: list[tuple[web.WebSocketResponse, QuorumRequest, Answers | None, BaseException | None]]
     _asks_due: float  # the earliest deadline of a pending WatchAsk (or later): _expire_asks runs then
+    open_sockets = 0  # watch sockets open now (ftjob.lighthouse.gc_pacing: memory per connection)
 
     async def _watch(self, request: web.Request) -> web.WebSocketResponse:
         try:
@@ -105,10 +106,12 @@ class WatchSocketEndpoint:
         await ws.prepare(request)
         entry = (incarnation, ws)
         self._watchers.setdefault(group, set()).add(entry)
+        self.open_sockets += 1
         try:
             send_now(ws, self._signal().model_dump_json().encode())
             await ws.ended
         finally:
+            self.open_sockets -= 1
             self._watchers.get(group, set()).discard(entry)
             for fut in asked:  # the process is gone: it will not hear this quorum
                 self._forget(group, incarnation, fut)
