@@ -130,6 +130,21 @@ def test_a_member_asking_for_the_next_quorum_is_not_stalled():
     assert run_until(c, t, t + 10.0, waiters=("0", "1")) == []
 
 
+def test_a_group_with_steps_shorter_than_the_heartbeat_period_is_judged_by_the_progress_its_requests_carry():
+    """Its quorum requests stand in for its heartbeats (the client beats only after a period with nothing sent), so
+    they carry its progress: frozen right after its quorum formed, it is evicted, not left to the heartbeat timeout."""
+    c = QuorumCore(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
+    now = 0.0
+    for step in range(MIN_INTERVALS + 2):  # a quorum every 0.05 s: nobody heart-beats
+        now = step * 0.05
+        for g in ("0", "1", "2"):
+            ask(c, g, step=step, now=now, progress=2 * step + 1)
+        assert c.poll(now) is not None
+    t = now
+    dropped = run_until(c, t, t + 10.0, waiters=("0", "1"))  # then "2" freezes; the others wait and beat
+    assert dropped == ["2"] and c.history[-1].time <= t + 1.3, c.history[-1]
+
+
 def test_an_old_client_without_progress_is_left_to_the_heartbeat_timeout():
     c, t = trained(groups=("0", "1"))
     c.heartbeat("2", "inc-2", 0, t)  # joins with no progress field at all

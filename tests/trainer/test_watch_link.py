@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 from ftjob import contract
-from ftjob.contract.lighthouse_api import AbortSignal, QuorumRequest, QuorumResponse, WatchQuorumAnswer
+from ftjob.contract.lighthouse_api import AbortSignal, QuorumRequest, QuorumResponse, WatchQuorum, WatchQuorumAnswer
 from ftjob.ft.lighthouse_client import LighthouseClient
 from ftjob.ft.watch_link import LINK_PING_S, LINK_PONG_S, link_timing
 from ftjob.lighthouse.watch import TIMEOUT_BEATS, HeartbeatPace
@@ -30,6 +30,7 @@ class FakeWatch:
         self.loop = asyncio.new_event_loop()
         self.sockets: list[web.WebSocketResponse] = []
         self.frames: list[str] = []  # "beat" or "quorum", in the order they arrived
+        self.asked_progress: list[int] = []  # the progress each quorum request carried
         self.port = 0
         self._runner: web.AppRunner | None = None
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
@@ -54,6 +55,7 @@ class FakeWatch:
                 self.frames.append("beat")
                 continue
             self.frames.append("quorum")  # answered at once: a one-group quorum
+            self.asked_progress.append(WatchQuorum.model_validate_json(msg.data).request.progress)
             await ws.send_str(WatchQuorumAnswer(status=200, quorum=ANSWER).model_dump_json())
         return ws
 
@@ -123,8 +125,12 @@ def test_a_quorum_request_counts_as_a_heartbeat(busy_lighthouse: FakeWatch):
         req = QuorumRequest(group="0", incarnation="inc-0", step=0, quorum_id=0, address="127.0.0.1:1",
                             store_address="127.0.0.1:2")  # fmt: skip
         for step in range(60):  # back-to-back steps for about two heartbeat periods
+            client.progress = 2 * step + 1  # the training thread's protocol points
             client.quorum(req.model_copy(update={"step": step}), timeout_s=10)
             time.sleep(0.05)  # the step's work
+        assert busy_lighthouse.asked_progress == [2 * step + 1 for step in range(60)], (
+            "standing in for the heartbeats, each request carries the group's progress (the stall rule's news)"
+        )
         frames = busy_lighthouse.frames
         asking = frames[frames.index("quorum") : len(frames) - frames[::-1].index("quorum")]
         assert asking.count("quorum") == 60

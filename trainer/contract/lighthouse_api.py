@@ -115,6 +115,9 @@ class QuorumRequest(Request):
     fresh: bool = False  # started from scratch and not yet synced: at step 0 it copies a peer's state first
     guard_verdict: GuardVerdict | None = None  # the guard refused the last step: who and why (reported once)
     state_digest: StateDigest | None = None  # every FTJOB_DIGEST_EVERY committed steps
+    # The group's progress counter (HeartbeatRequest.progress) when it asked: a quorum request stands in for a
+    # heartbeat, and a group whose steps are shorter than the heartbeat period sends no other. 0: not reported.
+    progress: Count = 0
 
     @model_validator(mode="after")
     def _one_address_per_rank(self) -> QuorumRequest:

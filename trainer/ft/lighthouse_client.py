@@ -271,7 +271,7 @@ class LighthouseClient:
                 raise TimeoutError(f"no quorum from {self.url} before the quorum timeout (last: {last_error})")
             remaining = max(0.5, deadline - now)
             try:
-                ask = req.model_copy(update={"timeout_s": remaining})
+                ask = req.model_copy(update={"timeout_s": remaining, "progress": self.progress})
                 self._last_told = time.monotonic()  # the lighthouse counts a quorum request as a heartbeat
                 if self._ws is not None and not self._ws.closed:  # one connection per group: ask on the watch
                     return await self._asked.ask(self._ws, ask, remaining + 5, self._link_lost)

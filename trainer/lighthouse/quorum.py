@@ -281,6 +281,8 @@ class QuorumCore:
         member.store_addresses = req.rank_store_addresses()
         member.commit_failures = req.commit_failures
         member.fresh = req.fresh
+        if req.progress:  # it stands in for a heartbeat: the only news of progress from a group with short steps
+            self.stall.beat(member, req.progress, False, now)
         self._handovers.quiet.pop(req.group, None)  # a handed-over group's new incarnation asks: no longer quiet
         self._reported_id = max(self._reported_id, req.quorum_id)
         self._set_asking(member, True)

@@ -4,7 +4,8 @@ member waits for it in the step's collective is evicted long before its heartbea
 A frozen group (SIGSTOP, a hung kernel, a wedged NIC) often keeps its sockets open, so nothing resets and the
 survivors would wait for the whole heartbeat timeout. But the lighthouse knows more than liveness: every rank-0
 heartbeat carries the group's progress counter (bumped at each protocol point of the step) and whether the group is
-blocked in the step's cross-group collective. The rule, checked every tick:
+blocked in the step's cross-group collective; every quorum request carries the counter too (it stands in for a
+heartbeat: a group whose steps are shorter than the heartbeat period sends no other). The rule, checked every tick:
 
   * a quorum is in flight with at least two of its members still live;
   * every other live member of it reports ``waiting`` (all of them reached the collective) and heart-beats;
