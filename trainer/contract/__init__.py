@@ -58,6 +58,7 @@ ENV_LIGHTHOUSE_LOST_TIMEOUT_S = "FTJOB_LIGHTHOUSE_LOST_TIMEOUT_S"  # how long to
 ENV_CHECKPOINT_EVERY = "FTJOB_CHECKPOINT_EVERY"  # durable checkpoint every N committed steps (ftjob.ft; 0: never)
 ENV_METRICS_PORT = "FTJOB_METRICS_PORT"  # trainer /metrics port (pods: TRAINER_METRICS_PORT; unset or 0: none)
 ENV_METRICS_DISABLED = "FTJOB_METRICS_DISABLED"  # "1": the trainer records no metrics (to measure their cost)
+ENV_GC_FREEZE = "FTJOB_GC_FREEZE"  # "0": ftjob.ft leaves the garbage collector alone (ftjob.ft.gc_freeze; default on)
 # Set by the local launcher (ftjob-trainer launch) only
 ENV_RUN_DIR = "FTJOB_RUN_DIR"  # where each group's rank 0 appends its run records (ftjob.ft.records)
 ENV_RECOVERY_PORT = "FTJOB_RECOVERY_PORT"  # the recovery server's port (pods: RECOVERY_PORT; unset: ephemeral)

@@ -35,6 +35,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ftjob.ft.gc_freeze import freeze_loaded
+
+freeze_loaded()  # torch and what else the script loaded: out of the collector's full scans (gc_freeze.py)
+
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from ftjob.ft.data import DataLoader
     from ftjob.ft.ddp import DistributedDataParallel

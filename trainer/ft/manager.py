@@ -36,6 +36,7 @@ import torch
 from ftjob.contract.lighthouse_api import QuorumRequest, QuorumResponse
 from ftjob.contract.tls import TlsConfig
 from ftjob.ft.control_plane import ControlPlane
+from ftjob.ft.gc_freeze import freeze_loaded
 from ftjob.ft.grad_sync import GradientSync
 from ftjob.ft.guard import DEFAULT_NORM_RATIO, GuardConfig
 from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY, Integrity
@@ -50,6 +51,7 @@ from ftjob.ft.recovery_codec import CodecError
 from ftjob.ft.state_check import StateDictError, check_state_dict
 
 log = logging.getLogger("ftjob.manager")
+freeze_loaded()  # the Manager's own dependencies (aiohttp, pydantic, numpy, ...) too: ftjob.ft.gc_freeze
 
 
 @dataclass
