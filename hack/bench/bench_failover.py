@@ -159,32 +159,63 @@ def bench_kills(run: Run, kills: int, rng: random.Random) -> dict[str, list[floa
     return phases
 
 
+def crash_line(w: Worker) -> str:
+    """A dead worker's exception and where it was raised (the last lines of its traceback), for the report."""
+    lines = w.log.read_text(errors="replace").splitlines()
+    where = [ln.strip() for ln in lines if ln.startswith('  File "')]
+    errors = [ln for ln in lines if ln and not ln.startswith(("{", " "))]
+    if not errors:
+        return f"exit {w.proc.returncode}, no output"
+    return errors[-1][:160] + (f" at {where[-1].removeprefix('File ')[-120:]}" if where else "")
+
+
 def bench_torchft_rejoins(workdir: Path, rejoins: int, rng: random.Random) -> dict[str, list[float]]:
-    """The same kill + restart of group "2" and the same timeline on torchft's groups (hack/bench/torchft_rejoin.py)."""
-    job = TorchftJob(workdir, ["0", "1", "2"])
+    """The same kill + restart of group "2" and the same timeline on torchft's groups (hack/bench/torchft_rejoin.py).
+    A kill that lands inside torchft's gradient all-reduce can crash its survivors (torchft 0.2.0: an AssertionError
+    in torchft/ddp.py's comm hook). Such a kill is counted and reported with the survivors' exception, the job is
+    started afresh and the kill tried again, so the rejoin figure still gets its ``rejoins`` samples."""
     phases: dict[str, list[float]] = {}
-    survivors = [job.groups["0"], job.groups["1"]]
+    kills = crashes = 0
+    job: TorchftJob | None = None
     try:
-        _wait(lambda: all(commits_after(w, 0, 20) for w in job.groups.values()), 180, "torchft groups training")
-        print("[bench] torchft: 3 groups training; group 2 is the victim", flush=True)
-        for i in range(rejoins):
+        while len(phases.get("first commit", [])) < rejoins and kills < 3 * rejoins:
+            if job is None:
+                job = TorchftJob(workdir, ["0", "1", "2"])
+                _wait(lambda j=job: all(commits_after(w, 0, 20) for w in j.groups.values()), 180, "torchft training")
+                print("[bench] torchft: 3 groups training; group 2 is the victim", flush=True)
+            survivors = [job.groups["0"], job.groups["1"]]
             time.sleep(rng.uniform(0.2, 1.0))
             killed_at = time.time()
             job.groups["2"].kill()
-            try:
-                _wait(lambda t=killed_at: all(commits_after(w, t) for w in survivors), 120, "torchft survivors")
-            except AssertionError as e:  # seen once under heavy machine load: report it, keep the rounds done
-                alive = [w.proc.poll() is None for w in survivors]
-                print(f"[torchft rejoin {i + 1}/{rejoins}] {e} (survivors alive: {alive}); stopping here", flush=True)
-                break
+            kills += 1
+            try:  # every survivor commits on, or one of them died (then at once)
+                _wait(lambda t=killed_at, s=survivors: all(commits_after(w, t) for w in s)
+                      or any(w.proc.poll() is not None for w in s), 60, "torchft survivors")  # fmt: skip
+                dead = [w for w in survivors if w.proc.poll() is not None]
+                if dead:
+                    raise AssertionError("a survivor died")
+            except AssertionError:
+                dead = [w for w in survivors if w.proc.poll() is not None]
+                crashes += 1
+                why = "; ".join(f"group {w.group}: {crash_line(w)}" for w in dead) or "alive but not committing"
+                print(f"[torchft kill {kills}] survivors crashed or stuck ({why}); a fresh job, then again", flush=True)
+                job.close()
+                job = None
+                continue
             spawned = time.time()
             job.groups["2"] = job.start("2")
             for phase, seconds in timeline(job.groups["2"], spawned).items():
                 phases.setdefault(phase, []).append(seconds)
-            print(f"[torchft rejoin {i + 1}/{rejoins}] process start -> commit "
+            print(f"[torchft kill {kills}] process start -> commit "
                   f"{commit_times(job.groups['2'])[0] - spawned:.2f}s", flush=True)  # fmt: skip
     finally:
-        job.close()
+        if job is not None:
+            job.close()
+    print(
+        f"torchft 0.2.0 survivors crashed or stuck after {crashes} of {kills} kills of a peer (ftjob: every "
+        "survivor of every kill above committed on)",
+        flush=True,
+    )
     return phases
 
 
