@@ -16,6 +16,7 @@ Lighthouse paths (every one except /healthz needs ``Authorization: Bearer <token
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # --- Kubernetes resource identity -------------------------------------------------------------------------------
@@ -129,6 +130,12 @@ def read_token(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
         with open(path, encoding="utf-8") as f:
             return f.read().strip()
     return ""
+
+
+def switched_off(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the on-by-default switch ``name`` (FTJOB_GRADIENT_GUARD, FTJOB_GC_FREEZE) is set to 0/false/off/no."""
+    env = os.environ if environ is None else environ
+    return env.get(name, "").strip().lower() in ("0", "false", "off", "no")
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import atexit
 import gc
-import os
 
 from ftjob import contract
 
 _unfreeze_at_exit = False
 
 
-def freeze_loaded(environ: dict[str, str] | None = None) -> bool:
+def freeze_loaded() -> bool:
     """Freezes what is alive now (see the module doc); returns whether it did (FTJOB_GC_FREEZE=0: not)."""
     global _unfreeze_at_exit
-    env = os.environ if environ is None else environ
-    if env.get(contract.ENV_GC_FREEZE, "").strip().lower() in ("0", "false", "off", "no"):
+    if contract.switched_off(contract.ENV_GC_FREEZE):
         return False
     gc.freeze()  # O(1): it moves the collector's lists, it scans nothing
     if not _unfreeze_at_exit:

@@ -55,7 +55,7 @@ class GuardConfig:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> GuardConfig:
         """FTJOB_GRADIENT_GUARD ("0", "false", "off", "no": disabled) and FTJOB_GUARD_NORM_RATIO."""
         env = os.environ if environ is None else environ
-        enabled = env.get(contract.ENV_GUARD, "").strip().lower() not in ("0", "false", "off", "no")
+        enabled = not contract.switched_off(contract.ENV_GUARD, env)
         raw = env.get(contract.ENV_GUARD_NORM_RATIO, "").strip()
         try:
             ratio = float(raw) if raw else DEFAULT_NORM_RATIO
