@@ -101,6 +101,30 @@ def test_frozen_objects_are_freed_by_reference_counting_and_frozen_cycles_by_the
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+YOUNG_PACING = textwrap.dedent("""
+    import asyncio, gc
+    from ftjob.lighthouse.gc_pacing import YOUNG_THRESHOLD, GcPacer
+
+    older = gc.get_threshold()[1:]
+    ticked = asyncio.Event()
+
+    async def main():
+        pacing = asyncio.create_task(GcPacer(freeze_s=0.01, on_tick=ticked.set).run())
+        await asyncio.wait_for(ticked.wait(), 60)
+        pacing.cancel()
+
+    asyncio.run(main())
+    assert gc.get_threshold() == (YOUNG_THRESHOLD, *older), gc.get_threshold()
+    assert YOUNG_THRESHOLD > 700 * 100, "a round's objects die before a young collection scans them"
+    print("ok")
+""")
+
+
+def test_the_pacing_process_collects_its_young_generation_far_less_often_than_cpython_does():
+    done = subprocess.run([sys.executable, "-c", YOUNG_PACING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def metric(lh: Lighthouse, name: str) -> float:
     _code, text = lh.request("GET", contract.PATH_METRICS)
     lines = [line for line in str(text).splitlines() if line.startswith(name + " ")]

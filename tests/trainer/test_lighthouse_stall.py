@@ -202,3 +202,34 @@ def test_the_limit_covers_several_heartbeat_periods_when_the_lighthouse_slows_th
     c.stall.heartbeat_interval_s = 1.25  # what the lighthouse tells 12,500 groups
     assert c.stall.limit_s() == pytest.approx(3.75)
     assert run_until(c, t, t + 3.5, waiters=("0", "1")) == [], "three periods without a beat are no evidence yet"
+
+
+class CountingRule(StallRule):
+    """The rule, counting its O(members) scans."""
+
+    scans = 0
+
+    def stalled(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.scans += 1
+        return super().stalled(*args, **kwargs)
+
+
+def test_the_scan_runs_a_few_times_per_limit_and_detection_stays_within_a_tenth_of_it():
+    """A long limit (a large job beats every 1.25 s: >= 3.75 s) is checked every tenth of it, not every 0.1 s tick:
+    each check visits every member."""
+    rule = CountingRule(floor_s=4.0)
+    c = QuorumCore(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, stall=rule)
+    now = 0.0
+    for step in range(MIN_INTERVALS + 2):  # as trained(), with this rule
+        now = step * STEP_S
+        for g in ("0", "1", "2"):
+            ask(c, g, step=step, now=now)
+        assert c.poll(now) is not None
+        for g in ("0", "1", "2"):
+            beat(c, g, step + 1, waiting=False, now=now)
+    rule.scans = 0
+    dropped = run_until(c, now, now + 10.0, waiters=("0", "1"))
+    assert dropped == ["2"]
+    stalled_at = c.history[-1].time
+    assert now + 4.0 < stalled_at <= now + 4.0 + 0.4 + 0.1, "late by at most a tenth of the limit (and a tick)"
+    assert rule.scans <= 12, f"{rule.scans} scans in ~4.4 s of 0.1 s sweeps: one per 0.4 s expected"

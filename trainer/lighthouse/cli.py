@@ -26,6 +26,10 @@ from ftjob.lighthouse.state import load_state
 
 log = logging.getLogger("ftjob.lighthouse")
 SHUTDOWN_GRACE_S = 1.0
+# Connections the kernel queues for accept(): every group connects at once when a job starts or a replacement
+# lighthouse comes up. aiohttp's default (128) overflowed while 12,500 groups connected to a lighthouse whose loop was
+# busy (their SYNs reset, each group backing off to retry); the kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 16_384
 
 
 def _bounded(convert: Callable[[str], float], minimum: float, strict: bool, env_name: str) -> Callable[[str], float]:
@@ -225,7 +229,8 @@ async def serve(args: argparse.Namespace, token: str) -> None:
     runner = web.AppRunner(server.make_app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert else None  # then TLS only: plain HTTP fails
-    site = web.TCPSite(runner, args.host, args.port, reuse_address=True, ssl_context=tls)
+    site = web.TCPSite(runner, args.host, args.port, reuse_address=True, ssl_context=tls,
+                       backlog=LISTEN_BACKLOG)  # fmt: skip
     await site.start()
     port = site._server.sockets[0].getsockname()[1] if args.port == 0 and site._server else args.port
     print(
