@@ -244,7 +244,10 @@ class Worker:
         self.log = workdir / f"worker-{group}-{time.monotonic_ns()}.log"
         program = command or [sys.executable, str(WORKER)]
         cmd = [*program, "--group", group, "--lighthouse", lighthouse_url, *args]
-        env = {**os.environ, "FTJOB_TOKEN": TOKEN, **(env or {})}
+        # One OpenMP thread, as ftjob's launcher gives its ranks (ftjob.launch.procs) and the benches torchft's groups:
+        # left to torch's default, each of these tiny-model ranks spun a second OpenMP thread and took 0.53 of a core
+        # instead of 0.17 -- on a 2-core machine, CPU that a restarting group's imports (bench_failover) wait for.
+        env = {**os.environ, "FTJOB_TOKEN": TOKEN, "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env)
         self._events: list[dict[str, Any]] = []
         self._read = 0  # bytes of the log parsed so far: a poll parses only what is new (benches poll long logs)
