@@ -14,12 +14,13 @@ STEP_S = 0.1
 HEARTBEAT_TIMEOUT_S = 30.0
 
 
-def trained(groups: tuple[str, ...] = ("0", "1", "2"), steps: int = MIN_INTERVALS + 2, **rule: float
-            ) -> tuple[QuorumCore, float]:  # fmt: skip
-    """A core whose groups trained ``steps`` healthy steps of STEP_S; returns it and the time the last quorum formed
-    (every member then has the quorum answer and bumped its progress once)."""
+def trained(groups: tuple[str, ...] = ("0", "1", "2"), steps: int = MIN_INTERVALS + 2, stall: StallRule | None = None,
+            **rule: float) -> tuple[QuorumCore, float]:  # fmt: skip
+    """A core whose groups trained ``steps`` healthy steps of STEP_S under ``stall`` (else a rule with ``rule``'s
+    parameters); returns it and the time the last quorum formed (every member then has the quorum answer and bumped
+    its progress once)."""
     c = QuorumCore(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
-                   stall=StallRule(**rule))  # fmt: skip
+                   stall=stall if stall is not None else StallRule(**rule))  # fmt: skip
     now = 0.0
     for step in range(steps):
         now = step * STEP_S
@@ -218,15 +219,7 @@ def test_the_scan_runs_a_few_times_per_limit_and_detection_stays_within_a_tenth_
     """A long limit (a large job beats every 1.25 s: >= 3.75 s) is checked every tenth of it, not every 0.1 s tick:
     each check visits every member."""
     rule = CountingRule(floor_s=4.0)
-    c = QuorumCore(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, stall=rule)
-    now = 0.0
-    for step in range(MIN_INTERVALS + 2):  # as trained(), with this rule
-        now = step * STEP_S
-        for g in ("0", "1", "2"):
-            ask(c, g, step=step, now=now)
-        assert c.poll(now) is not None
-        for g in ("0", "1", "2"):
-            beat(c, g, step + 1, waiting=False, now=now)
+    c, now = trained(stall=rule)
     rule.scans = 0
     dropped = run_until(c, now, now + 10.0, waiters=("0", "1"))
     assert dropped == ["2"]

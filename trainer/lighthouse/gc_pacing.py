@@ -16,7 +16,7 @@ closed, or something leaked -- or FULL_MAX_S passed. Memory per connection, not 
 connect, the heap grows with live connections and no full collection is needed (a rule on the heap alone, as
 CPython's, ran six while 12,500 groups connected, the last one 0.9 s long, in the bench's first round). Memory is
 the process's peak resident memory (getrusage: one cheap system call; counting the frozen objects would visit every
-one of them, ~0.1 s at this scale). Young collections run as before.
+one of them, ~0.1 s at this scale).
 
 Young collections are paced too: a quorum request's objects (its validated model, its waiter) live until the round
 ends, ~0.5 s, so with CPython's default threshold (a collection every 700 allocations) each was scanned by several
