@@ -11,8 +11,8 @@ over N kills of a contributing group's trainer process (SIGKILL), without and wi
 Scale: a 1,024-pod job (128 groups x 8 ranks, pods run `sleep`): job created -> every pod exists.
 Goals: (a) <= 1 s, (b) <= 1 s, (c) <= 10 s (<= 2 s with a spare), 1,024 pods <= 30 s.
 
-Run: `hack/bench/bench_operator.py [--kills 20] [--skip-scale] [--schedule-scale-pods]`. Needs root (it kills pod
-processes in their network namespaces) and takes ~10-15 minutes for 20 kills per variant.
+Run: `hack/bench/bench_operator.py [--kills 20] [--omp-threads 1] [--skip-scale] [--schedule-scale-pods]`. Needs
+root (it kills pod processes in their network namespaces) and takes ~10-15 minutes for 20 kills per variant.
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def run_recovery(core, custom, ns: str, op_log: Path, watcher: PodWatch, spare: int, kills: int) -> dict:
+def run_recovery(core, custom, ns: str, op_log: Path, watcher: PodWatch, spare: int, kills: int,
+                 omp_threads: int) -> dict:  # fmt: skip
     job = f"rec-s{spare}"
     manifest = job_manifest(
         job,
@@ -134,6 +135,10 @@ def run_recovery(core, custom, ns: str, op_log: Path, watcher: PodWatch, spare: 
         lighthouse={"heartbeatTimeoutSeconds": 5},
         failurePolicy={"maxRestartsPerGroup": 1000, "maxTotalRestarts": 100000},
     )
+    if omp_threads:  # as the example jobs set it: the 3 trainers and a replacement share the node's cores
+        manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [
+            {"name": "OMP_NUM_THREADS", "value": str(omp_threads)}
+        ]
     create_job(custom, ns, manifest)
     say(f"{job}: waiting for {REPLICAS} contributing groups (+{spare} spare) to train")
     wait_for(lambda: full_strength(core, ns, job, spare), 600, f"{job} at full strength", interval=0.5)
@@ -142,7 +147,7 @@ def run_recovery(core, custom, ns: str, op_log: Path, watcher: PodWatch, spare: 
         status = wait_for(lambda: full_strength(core, ns, job, spare), 300, f"{job} back at full strength",
                           interval=0.2)  # fmt: skip
         target = contributors(status)[k % REPLICAS]
-        group, incarnation = int(target["group"]), target["incarnation"]
+        group, incarnation = int(target.group), target.incarnation
         pods = core.list_namespaced_pod(
             ns, label_selector=f"{contract.LABEL_JOB}={job},{contract.LABEL_GROUP}={group}"
         ).items
@@ -219,6 +224,12 @@ def run_scale(core, custom, ns: str, watcher: PodWatch, schedule: bool) -> tuple
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kills", type=int, default=20, help="kills per variant (default 20)")
+    p.add_argument(
+        "--omp-threads",
+        type=int,
+        default=1,
+        help="the trainers' OMP_NUM_THREADS, as the example jobs set it (0: unset, torch's default)",
+    )
     p.add_argument("--skip-recovery", action="store_true")
     p.add_argument("--skip-scale", action="store_true")
     p.add_argument("--schedule-scale-pods", action="store_true",
@@ -241,7 +252,8 @@ def main() -> int:
     try:
         if not args.skip_recovery:
             for spare in (0, 1):
-                results[f"spare={spare}"] = run_recovery(core, custom, ns, op_log, watcher, spare, args.kills)
+                run = run_recovery(core, custom, ns, op_log, watcher, spare, args.kills, args.omp_threads)
+                results[f"spare={spare}"] = run
         if not args.skip_scale:
             scale = run_scale(core, custom, ns, watcher, args.schedule_scale_pods)
     finally:
