@@ -6,9 +6,12 @@ Measured, all in this run:
   * survivors' stall per SIGKILL of the victim at random points (>= --kills), each followed by a restart + rejoin;
   * survivors' stall after a silent cut-off (SIGSTOP) with the evict call, and without it (heartbeat timeout);
   * rejoin time (restarted process ready -> first committed step) and the survivors' stall while it rejoins;
+  * the floor under that rejoin, after each kill while the victim is down: torch alone (hack/bench/torch_floor.py:
+    import torch, the same model and Adam, one local step), and ftjob's rejoin above it;
   * with --torchft-rejoins N: torchft 0.2.0's groups (hack/bench/torchft_rejoin.py, same tiny model and loop) killed
-    and restarted the same way, after ours; both sides' restarted process broken down phase by phase (python start,
-    imports, model + optimizer, Manager ready, quorum answered, healed, first commit, first contributing commit);
+    and restarted the same way, after ours; both sides' restarted process (and torch alone) broken down phase by phase
+    (python start, imports, model + optimizer, Manager ready, quorum answered, healed, first commit, first
+    contributing commit);
   * recovery throughput over plain HTTP (into the healer's own tensors, as the Manager heals, and into a fresh
     buffer) and over TLS (the job's certificates, verified), in rounds on the same snapshot interleaved with raw
     loopback TCP (one socket into a preallocated buffer; same machine, same run), each vs that.
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import os
 import random
 import signal
 import socket
@@ -34,6 +39,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+FLOOR = Path(__file__).resolve().parent / "torch_floor.py"
 sys.path.insert(0, str(REPO / "tests" / "trainer"))
 
 from ftjob import contract  # noqa: E402
@@ -128,9 +134,27 @@ def fmt(xs: list[float]) -> str:
     return f"max {max(xs):.3f}s  median {statistics.median(xs):.3f}s  (n={len(xs)})"
 
 
-def bench_kills(run: Run, kills: int, rng: random.Random) -> dict[str, list[float]]:
-    stalls, rejoins, rejoin_stalls, spawn_to_commit = [], [], [], []
+def torch_floor() -> dict[str, float]:
+    """One run of hack/bench/torch_floor.py (torch alone: import, the worker's model + Adam, one local step), phase by
+    phase as ``timeline`` names them, under the load a restarted worker meets (the survivors training)."""
+    spawned = time.time()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as Worker gives ours
+    out = subprocess.run([sys.executable, str(FLOOR)], env=env, capture_output=True, text=True, timeout=120, check=True)
+    t = json.loads(out.stdout.splitlines()[-1])
+    return {
+        "python start": t["boot"] - spawned,
+        "imports": t["imported"] - t["boot"],
+        "model + optimizer": t["built"] - t["imported"],
+        "first commit": t["stepped"] - t["built"],  # one local step: no peers, nothing to commit to
+    }
+
+
+def bench_kills(run: Run, kills: int, rng: random.Random) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Kills and restarts the victim ``kills`` times; returns the restarted process's phases and, measured after each
+    kill while the victim is down (the same load), torch alone's (``torch_floor``)."""
+    stalls, rejoins, rejoin_stalls, spawn_to_commit, floors = [], [], [], [], []
     phases: dict[str, list[float]] = {}
+    floor_phases: dict[str, list[float]] = {}
     for i in range(kills):
         time.sleep(rng.uniform(0.2, 1.0))  # a random point of the step cycle
         base = {w.group: median_gap(w, time.time() - 3) for w in run.survivors}
@@ -139,6 +163,9 @@ def bench_kills(run: Run, kills: int, rng: random.Random) -> dict[str, list[floa
         _wait(lambda t=killed_at: all(commits_after(w, t) for w in run.survivors), 60, "survivors to go on")
         stalls.append(max(stall_around(w, killed_at, killed_at, base[w.group]) for w in run.survivors))
         run.victim.kill()
+        for phase, seconds in torch_floor().items():
+            floor_phases.setdefault(phase, []).append(seconds)
+        floors.append(sum(v[-1] for v in floor_phases.values()))
         spawned, ready, first = run.restart_victim()
         _wait(lambda f=first: all(commits_after(w, f) for w in run.survivors), 60, "survivors after the rejoin")
         rejoins.append(first - ready)
@@ -148,15 +175,18 @@ def bench_kills(run: Run, kills: int, rng: random.Random) -> dict[str, list[floa
             phases.setdefault(phase, []).append(seconds)
         print(
             f"[kill {i + 1}/{kills}] survivor stall {stalls[-1]:.3f}s; rejoin {rejoins[-1]:.3f}s "
-            f"(process start -> commit {spawn_to_commit[-1]:.2f}s); "
+            f"(process start -> commit {spawn_to_commit[-1]:.2f}s; torch alone {floors[-1]:.2f}s); "
             f"survivor stall during rejoin {rejoin_stalls[-1]:.3f}s",
             flush=True,
         )
     print(f"SIGKILL: survivor stall          {fmt(stalls)}   target <= 0.5s max")
     print(f"rejoin (ready -> first commit): {fmt(rejoins)}   target <= 3s")
     print(f"rejoin incl. process start:     {fmt(spawn_to_commit)}   (python + torch import on this machine)")
+    print(f"torch alone, process start -> one step: {fmt(floors)}   (hack/bench/torch_floor.py, same load)")
+    above = [a - b for a, b in zip(spawn_to_commit, floors, strict=True)]
+    print(f"ftjob's rejoin above torch alone, per kill: median {statistics.median(above):+.3f}s max {max(above):+.3f}s")
     print(f"survivor stall during rejoin:   {fmt(rejoin_stalls)}   target <= 0.05s")
-    return phases
+    return phases, floor_phases
 
 
 def crash_line(w: Worker) -> str:
@@ -237,7 +267,8 @@ def print_breakdown(sides: dict[str, dict[str, list[float]]]) -> None:
         runs = [dict(zip(phases, values, strict=True)) for values in zip(*phases.values(), strict=True)]
         commit = [sum(v for k, v in r.items() if k != "first contributing commit") for r in runs]
         print(f"{side:<14} process start -> first commit:              {fmt(commit)}")
-        print(f"{side:<14} process start -> first contributing commit: {fmt([sum(r.values()) for r in runs])}")
+        if "first contributing commit" in phases:  # not torch alone's: its one step has no peers
+            print(f"{side:<14} process start -> first contributing commit: {fmt([sum(r.values()) for r in runs])}")
 
 
 def bench_silent_cut(run: Run, evict: bool, rounds: int) -> list[float]:
@@ -404,7 +435,9 @@ def main() -> int:
                 soak(run, args.soak_min, args.hogs)
                 return 0
             print("[bench] 3 groups training; group 2 is the victim", flush=True)
-            sides = {"ftjob": bench_kills(run, args.kills, rng)} if args.kills else {}
+            sides = {}
+            if args.kills:
+                sides["ftjob"], sides["torch alone"] = bench_kills(run, args.kills, rng)
             with_evict = bench_silent_cut(run, evict=True, rounds=args.cuts)
             without = bench_silent_cut(run, evict=False, rounds=args.stops)
             if args.cuts:
