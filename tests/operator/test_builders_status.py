@@ -57,6 +57,26 @@ def test_worker_pod_carries_identity_dns_contract_env_and_user_template():
     assert s.template["spec"]["containers"][0]["env"][0]["value"] == "99", "the job's template was mutated"
 
 
+@pytest.mark.parametrize(
+    ("container", "threads"),
+    [
+        ({"resources": {"limits": {"cpu": "2"}, "requests": {"cpu": "500m"}}}, "2"),  # the limit, not the request
+        ({"resources": {"requests": {"cpu": "32"}}}, "32"),
+        ({"resources": {"limits": {"cpu": 1.5}}}, "1"),  # whole cores
+        ({"resources": {"requests": {"cpu": "250m"}}}, "1"),  # at least one
+        ({"resources": {"limits": {"cpu": "4"}}, "env": [{"name": "OMP_NUM_THREADS", "value": "3"}]}, "3"),
+        ({"resources": {"limits": {"memory": "1Gi"}}}, None),  # no CPU asked: torch's own default
+        ({"resources": {"limits": {"cpu": "4"}}, "envFrom": [{"configMapRef": {"name": "x"}}]}, None),
+        ({"resources": {"limits": {"cpu": "four"}}}, None),  # the API server refuses the pod and says why
+    ],
+)
+def test_worker_threads_default_to_the_containers_cpu(container, threads):
+    s = spec(template={"spec": {"containers": [{"name": "trainer", "image": "img", **container}]}})
+    entries = builders.worker_pod(JOB, "ns", s, GroupState(index=0, generation=0), rank=0)["spec"]["containers"][0]
+    values = [e["value"] for e in entries["env"] if e["name"] == "OMP_NUM_THREADS"]
+    assert values == ([] if threads is None else [threads])
+
+
 def test_single_rank_group_meets_itself_on_its_pod_ip():
     pod = builders.worker_pod(JOB, "ns", spec(podsPerReplica=1), GroupState(index=0), rank=0)
     assert env_of(pod)[contract.ENV_MASTER_ADDR]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"

@@ -28,7 +28,13 @@ def uids(groups: dict[int, list]) -> dict[int, set[str]]:
 
 def test_create_makes_lighthouse_services_secret_and_every_rank(kube, namespace, operators):
     operators()
-    create_job(kube.custom, namespace, job_manifest("mk", replicas=2, podsPerReplica=2, spareReplicas=1))
+    manifest = job_manifest("mk", replicas=2, podsPerReplica=2, spareReplicas=1)
+    # a CPU limit and no thread count of its own: the operator gives the ranks one thread per core of the limit
+    manifest["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"cpu": "2"},
+        "requests": {"cpu": "10m"},
+    }
+    create_job(kube.custom, namespace, manifest)
     groups = wait_for(lambda: (g := running_groups(kube.core, namespace, "mk", 2)) and len(g) == 3 and g, 120,
                       "3 groups x 2 ranks running")  # fmt: skip
     for g, pods in groups.items():
@@ -41,6 +47,7 @@ def test_create_makes_lighthouse_services_secret_and_every_rank(kube, namespace,
             assert env[contract.ENV_MASTER_ADDR].value == f"mk-g{g}-0-r0.mk-g{g}.{namespace}.svc.cluster.local"
             assert env[contract.ENV_TOKEN].value_from.secret_key_ref.name == "mk-ftjob-token"
             assert env[contract.ENV_ADVERTISE_ADDR].value_from.field_ref.field_path == "status.podIP"
+            assert env["OMP_NUM_THREADS"].value == "2"
             assert p.spec.hostname == p.metadata.name and p.spec.subdomain == f"mk-g{g}"
             assert p.metadata.owner_references[0].kind == contract.KIND
     services = {s.metadata.name: s for s in kube.core.list_namespaced_service(namespace).items}
