@@ -24,14 +24,15 @@ THREADS_ENV = "OMP_NUM_THREADS"
 
 
 def cpu_threads_env(container: dict[str, Any]) -> list[dict[str, str]]:
-    """A default for the container's CPU threads: its CPU limit, else its request, in whole cores (at least 1).
+    """A default for the container's CPU threads (the caller drops it where the container sets its own): its CPU
+    limit, else its request, in whole cores (at least 1).
 
     torch (OpenMP) otherwise starts one thread per core of the node, whatever the container's CPU share: on a node
     shared by several ranks they spin against each other and against a replacement pod's start-up (a killed group of
     the local cluster's tiny model contributed again 8.3 s after the kill with torch's default, 6.0 s with one thread).
-    None when the container sets the variable itself, may set it through ``envFrom`` (which an explicit entry would
-    override), asks for no CPU, or gives a quantity the API server will refuse anyway."""
-    if container.get("envFrom") or any(e.get("name") == THREADS_ENV for e in container.get("env") or []):
+    None when the container may set it through ``envFrom`` (which an explicit entry would override), asks for no CPU,
+    or gives a quantity the API server will refuse anyway."""
+    if container.get("envFrom"):
         return []
     resources = container.get("resources") or {}
     cpu = (resources.get("limits") or {}).get("cpu") or (resources.get("requests") or {}).get("cpu")
@@ -190,8 +191,8 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
     ours = {e["name"] for e in env}
     for container in pod_spec.get("containers") or []:
         user_env = [e for e in container.get("env") or [] if e.get("name") not in ours]
-        defaults = [d for d in DEFAULT_ENV if d["name"] not in {e.get("name") for e in user_env}]
-        defaults += cpu_threads_env(container)
+        user_names = {e.get("name") for e in user_env}
+        defaults = [d for d in (*DEFAULT_ENV, *cpu_threads_env(container)) if d["name"] not in user_names]
         container["env"] = user_env + defaults + env  # ours win: the contract must hold whatever the template says
         if spec.tls.enabled:  # every container gets the env, so every one gets the files it names
             mounts = container.get("volumeMounts") or []

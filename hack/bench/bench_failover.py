@@ -139,7 +139,9 @@ def torch_floor() -> dict[str, float]:
     phase as ``timeline`` names them, under the load a restarted worker meets (the survivors training)."""
     spawned = time.time()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as Worker gives ours
-    out = subprocess.run([sys.executable, str(FLOOR)], env=env, capture_output=True, text=True, timeout=120, check=True)
+    width = WORKER_ARGS[WORKER_ARGS.index("--width") + 1]  # the restarted worker's model
+    cmd = [sys.executable, str(FLOOR), width]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=True)
     t = json.loads(out.stdout.splitlines()[-1])
     return {
         "python start": t["boot"] - spawned,
@@ -163,9 +165,10 @@ def bench_kills(run: Run, kills: int, rng: random.Random) -> tuple[dict[str, lis
         _wait(lambda t=killed_at: all(commits_after(w, t) for w in run.survivors), 60, "survivors to go on")
         stalls.append(max(stall_around(w, killed_at, killed_at, base[w.group]) for w in run.survivors))
         run.victim.kill()
-        for phase, seconds in torch_floor().items():
+        floor = torch_floor()
+        for phase, seconds in floor.items():
             floor_phases.setdefault(phase, []).append(seconds)
-        floors.append(sum(v[-1] for v in floor_phases.values()))
+        floors.append(sum(floor.values()))
         spawned, ready, first = run.restart_victim()
         _wait(lambda f=first: all(commits_after(w, f) for w in run.survivors), 60, "survivors after the rejoin")
         rejoins.append(first - ready)
