@@ -93,9 +93,11 @@ def test_killed_pod_restarts_only_its_group_and_lighthouse_sees_the_eviction(kub
     assert job["status"]["restartsByReason"] == {"PodDeleted": 1}
     g1 = next(g for g in job["status"]["replicaGroups"] if g["index"] == 1)
     assert g1["generation"] == 1 and g1["restarts"] == 1
-    events = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=kp").items
-    assert any(e.reason == "GroupRestart" for e in events)
-    assert 'ftjob_group_restarts_total{reason="PodDeleted"} 1.0' in op.metrics()
+    # the Event and the counter follow the replacement's creation and the lighthouse call, in the same reconcile
+    wait_for(lambda: any(e.reason == "GroupRestart" for e in kube.core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=kp").items), 30, "the GroupRestart Event")  # fmt: skip
+    wait_for(lambda: 'ftjob_group_restarts_total{reason="PodDeleted"} 1.0' in op.metrics(), 30,
+             "the restart counted in the operator's metrics")  # fmt: skip
 
 
 def test_budget_exhausted_fails_the_job_with_a_clear_reason(kube, namespace, operators):
