@@ -15,7 +15,7 @@ from kubernetes import client, config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # lets tests import `helpers` from any directory
 
-from helpers import CLUSTER, Kube, state_dir
+from helpers import CLUSTER, Kube, state_dir, wait_for
 
 __all__ = ["Kube", "ensure_cluster"]
 
@@ -56,6 +56,9 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
         client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"ftjob.dev/test": "1"}))
     )
     try:
+        # the API refuses pods until the serviceaccount controller has made `default` (its admission retries ~1 s)
+        wait_for(lambda: kube.core.read_namespaced_service_account("default", name), 30,
+                 f"the `default` ServiceAccount in {name}")  # fmt: skip
         yield name
     finally:
         try:

@@ -35,17 +35,22 @@ while True:
 SLEEPER = "import time\nwhile True: time.sleep(60)"
 
 
-def tcp_probe_script(ip: str, port: int = 8080) -> str:
-    """Exits 0 if `ip:port` answers "pong" within 2 s, 1 if not (a pod-to-pod reachability check)."""
+def tcp_probe_script(ip: str, port: int = 8080, within_s: float = 10.0) -> str:
+    """Exits 0 if `ip:port` answers "pong" within `within_s`, 1 if not (a pod-to-pod reachability check). It tries
+    again until then: a Service's endpoints and kube-proxy's rules can lag a Running server by a moment."""
     return f"""
-import socket, sys
-try:
-    with socket.create_connection(({ip!r}, {port}), timeout=2) as c:
-        c.settimeout(2)
-        sys.exit(0 if c.recv(16).startswith(b"pong") else 1)
-except OSError as e:
-    print("unreachable:", e)
-    sys.exit(1)
+import socket, sys, time
+deadline = time.monotonic() + {within_s}
+while True:
+    try:
+        with socket.create_connection(({ip!r}, {port}), timeout=2) as c:
+            c.settimeout(2)
+            sys.exit(0 if c.recv(16).startswith(b"pong") else 1)
+    except OSError as e:
+        if time.monotonic() >= deadline:
+            print("unreachable:", e)
+            sys.exit(1)
+        time.sleep(0.2)
 """
 
 

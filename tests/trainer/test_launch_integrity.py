@@ -14,7 +14,7 @@ from launch_helpers import assert_clean, commits, launch
 
 # Each step is padded to PACE seconds so the survivors are still training when the evicted group's replacement has
 # started (a process start takes ~5-25 s on a loaded 2-core machine).
-STEPS, PACE, RESTART_DELAY = 70, 0.5, 1.0
+STEPS, PACE, RESTART_DELAY = 90, 0.5, 1.0
 MAX_OFFENCES = 3  # the lighthouse's default FTJOB_GUARD_MAX_OFFENCES
 
 

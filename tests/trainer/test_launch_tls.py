@@ -10,7 +10,7 @@ from ftjob.contract import pki
 from launch_helpers import assert_clean, commits, launch
 
 # paced so that the survivor is still training when the victim is back (test_launch_group_kill.py explains)
-STEPS, KILL_AT, RESTART_DELAY, PACE = 60, 10, 2.0, 0.5
+STEPS, KILL_AT, RESTART_DELAY, PACE = 80, 10, 2.0, 0.5
 
 
 def test_launch_with_tls_heals_over_tls_and_ends_identical(tmp_path: Path) -> None:

@@ -146,7 +146,8 @@ def beat(lh: Lighthouse, group: str, inc: str, **extra: Any) -> tuple[int, Any]:
 
 def test_membership_changes_and_refusals_are_audited_with_who_asked(tmp_path: Path):
     audit = tmp_path / "audit.jsonl"
-    lh = Lighthouse(tmp_path, "--heartbeat-timeout", "2", "--audit-file", str(audit)).start()
+    # a timeout long enough that only group 0, which never beats again, times out (b2 must live until the evict)
+    lh = Lighthouse(tmp_path, "--heartbeat-timeout", "5", "--audit-file", str(audit)).start()
     try:
         me = f"from {PEER}"
         assert beat(lh, "0", "a")[0] == 200  # join
