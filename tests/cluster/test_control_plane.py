@@ -17,11 +17,8 @@ def test_server_reports_v1_36_3(kube: Kube) -> None:
 
 
 def test_namespace_gets_default_service_account(kube: Kube, namespace: str) -> None:
-    wait_for(
-        lambda: kube.core.read_namespaced_service_account("default", namespace),
-        timeout=30,
-        what="the serviceaccount controller to create `default`",
-    )
+    # the `namespace` fixture already waited (30 s) for the serviceaccount controller to create it
+    assert kube.core.read_namespaced_service_account("default", namespace)
 
 
 def test_owner_reference_garbage_collection(kube: Kube, namespace: str) -> None:
