@@ -15,7 +15,7 @@ from kubernetes import client, config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # lets tests import `helpers` from any directory
 
-from helpers import CLUSTER, Kube, state_dir, wait_for
+from helpers import CLUSTER, FAILED, Kube, failed, print_pod_logs, state_dir, wait_for
 
 __all__ = ["Kube", "ensure_cluster"]
 
@@ -47,9 +47,19 @@ def kube() -> Iterator[Kube]:
         api.close()
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Marks the test failed (item.stash[FAILED]) for fixtures that keep evidence of a failure at teardown."""
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
 @pytest.fixture
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace named after the test, deleted (with everything in it) afterwards."""
+    """A fresh namespace named after the test, deleted (with everything in it) afterwards; if the test failed, the
+    tail of every pod's log is printed first."""
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{stem}-{uuid.uuid4().hex[:5]}"
     kube.core.create_namespace(
@@ -61,6 +71,8 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
                  f"the `default` ServiceAccount in {name}")  # fmt: skip
         yield name
     finally:
+        if failed(request):
+            print_pod_logs(kube.core, name)
         try:
             kube.core.delete_namespace(name, propagation_policy="Background")
         except client.ApiException as e:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,3 +127,32 @@ def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> subprocess.Comp
     if check and proc.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+FAILED = pytest.StashKey[bool]()  # set by conftest's makereport hook when a test's call phase fails
+
+
+def failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the test using this fixture failed (meaningful at the fixture's teardown)."""
+    return request.node.stash.get(FAILED, False)
+
+
+def print_pod_logs(core: client.CoreV1Api, namespace: str, tail_lines: int = 60) -> None:
+    """The tail of every container's log in ``namespace`` (and of its previous run, if it restarted): what a
+    failed cluster test leaves to read, since the namespace is deleted after it."""
+    try:
+        pods = core.list_namespaced_pod(namespace).items
+    except client.ApiException as e:
+        print(f"\n[pod logs] cannot list the pods of {namespace}: {e.reason}")
+        return
+    for pod in pods:
+        for status in pod.status.container_statuses or []:
+            runs = [False, True] if status.restart_count else [False]
+            for previous in runs:
+                try:
+                    text = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=status.name,
+                                                        tail_lines=tail_lines, previous=previous)  # fmt: skip
+                except client.ApiException as e:
+                    text = f"(no log: {e.reason})"
+                which = " (previous run)" if previous else ""
+                print(f"\n----- {pod.metadata.name}/{status.name}{which}: last {tail_lines} lines -----\n{text}")

@@ -11,10 +11,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # podfactory / opkit importable from any directory
 
-from helpers import Kube, cluster, kubectl, node_names, wait_for
+from helpers import Kube, cluster, failed, kubectl, node_names, wait_for
 from kubernetes import client
 from opkit import CRD, OperatorProc, set_unschedulable, start_operator
-from trainkit import RECORDS_ROOT
+from trainkit import RECORDS_ROOT, run_summary
 
 
 @pytest.fixture(scope="session")
@@ -75,11 +75,14 @@ def two_nodes(kube: Kube) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture
-def records(namespace: str) -> Iterator[Path]:
+def records(namespace: str, request: pytest.FixtureRequest) -> Iterator[Path]:
     """A host folder for the trainers' run records (hostPath: every node of the local cluster shares the host's
     /var/tmp). World-writable: the trainer image runs as a non-root user."""
     path = RECORDS_ROOT / namespace
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o777)
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    if failed(request):  # kept, with a summary in the test's output: the evidence of what went wrong
+        print(f"\n----- run records (kept in {path}) -----\n{run_summary(path)}")
+    else:
+        shutil.rmtree(path, ignore_errors=True)

@@ -70,3 +70,26 @@ def commit_gaps(commits: list[CommitRecord], start: float, end: float) -> tuple[
     gaps = [(b - a, a, b) for a, b in itertools.pairwise(times)]
     inside = [g for g, a, b in gaps if b >= start and a <= end]
     return max(inside, default=0.0), statistics.median(g for g, _, _ in gaps)
+
+
+def run_summary(records: Path, tail: int = 5) -> str:
+    """What a failed test's run records say, compactly: per group its starts, heals, commits where the quorum
+    changed, its highest loss and its last commits."""
+    try:
+        by_group = read_run_dir(records)
+    except (OSError, ValueError) as e:
+        return f"(unreadable: {e})"
+    lines = []
+    for group, recs in sorted(by_group.items()):
+        commits = [r for r in recs if isinstance(r, CommitRecord)]
+        starts = sum(isinstance(r, StartRecord) for r in recs)
+        healed = [c.step for c in commits if c.healed]
+        changes = [f"{c.step}:{c.num_contributors}/{c.participants}" for a, c in itertools.pairwise(commits)
+                   if (a.num_contributors, a.participants) != (c.num_contributors, c.participants)]  # fmt: skip
+        losses = [(c.loss, c.step) for c in commits if c.loss is not None]
+        worst = max(losses, default=None)
+        lines.append(f"group {group}: {starts} start(s), {len(commits)} commits, healed at steps {healed}, "
+                     f"quorum changes (step:contributors/participants) {changes}, highest loss {worst}")  # fmt: skip
+        lines += [f"  step {c.step} cursor {c.cursor} groups {c.num_contributors}/{c.participants} shard "
+                  f"{c.shard_start} healed {c.healed} loss {c.loss} t {c.t:.2f}" for c in commits[-tail:]]  # fmt: skip
+    return "\n".join(lines) or "(no records)"
