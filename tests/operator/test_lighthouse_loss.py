@@ -1,8 +1,9 @@
 """Losing the lighthouse costs nothing: the real reference trainer under the operator, two groups, and the
 lighthouse pod force-deleted, gracefully deleted, lost with its node, or lost together with one group. Every time the
 groups keep their state, the operator starts a replacement lighthouse from the last quorum id and committed step it
-saw, the survivors go on from where they were, and the job Succeeds with no step trained twice, every sample trained
-exactly once and equal parameters everywhere. Prints the time from the loss to the next commit."""
+saw, the replacement waits for the groups to come back before its first quorum (no live group is left out of a
+step), the survivors go on from where they were, and the job Succeeds with no step trained twice, every sample
+trained exactly once and equal parameters everywhere. Prints the time from the loss to the next commit."""
 
 from __future__ import annotations
 
@@ -34,7 +35,11 @@ LIGHTHOUSE_PODS = f"{contract.LABEL_JOB}={JOB},{contract.LABEL_ROLE}={contract.R
 
 
 def manifest(records: Path, workers_on: str | None = None) -> dict[str, Any]:
-    return training_job(JOB, STEPS, records, workers_on, replicas=2, minReplicas=1)
+    m = training_job(JOB, STEPS, records, workers_on, replicas=2, minReplicas=1)
+    # The replacement waits this long from the first group's return for the others (the default 1 s is plenty for
+    # a reconnect; 10 s keeps a loaded machine from turning a slow reconnect into a step trained alone).
+    m["spec"]["lighthouse"]["joinTimeoutSeconds"] = 10
+    return m
 
 
 def start_job(kube: Any, namespace: str, records: Path, nodes: tuple[str, str] | None) -> dict[int, list]:
@@ -122,6 +127,9 @@ def test_losing_the_lighthouse_loses_nothing(kube, namespace, operators, records
         if str(idx) != killed_group:
             assert g["pods"] == [p.metadata.name for p in before[idx]], f"group {idx} lost its pods"
     commits = check_run(records, {"0", "1"}, STEPS, {killed_group} if killed_group else set())
+    if killed_group is None:  # both groups lived through the loss: the replacement never let one train alone
+        alone = [(g, c.step) for g, cs in commits.items() for c in cs if c.t > lost_at and c.participants < 2]
+        assert not alone, f"(group, step) trained without the other live group after the loss: {alone}"
     after = [c.t for c in commits["0"] if c.t > lost_at]  # group 0 survives every case
     assert after, "no commit after the loss"
     to_commit = after[0] - lost_at

@@ -183,6 +183,34 @@ def test_a_confirmed_restored_floor_holds_for_ever():
     assert c.poll(50.0) is None and "committed step 10" in c.blocked_reason
 
 
+def test_a_replacement_lighthouse_waits_for_every_group_from_the_first_contact():
+    # The lost lighthouse's step in flight may have committed in group 0 and failed in group 1: if group 1 came back
+    # first and trained that step alone, both would hold the next step through different updates and never heal.
+    c = core(min_replicas=1, join=1.0, quorum_id=40, committed_step=30)
+    c.group_limit = 2
+    c.expect_back(["0", "1"])
+    assert c.poll(50.0) is None  # nobody back yet
+    ask(c, "1", step=31, now=100.0)  # long after start-up: the wait counts from the first contact
+    assert c.poll(100.5) is None and "join timeout" in c.blocked_reason
+    ask(c, "0", step=32, now=100.6)
+    q = c.poll(100.6)
+    assert q is not None and q.groups == ("0", "1") and q.max_step == 32 and q.responses["1"].heal
+
+
+def test_a_replacement_lighthouse_goes_on_without_a_group_that_does_not_come_back():
+    c = core(min_replicas=1, join=1.0, quorum_id=40, committed_step=30)
+    c.group_limit = 2
+    c.expect_back(["0", "1"])
+    ask(c, "0", step=31, now=10.0)
+    assert c.poll(10.9) is None
+    q = c.poll(11.1)  # group 1 died with the lighthouse: the survivor trains on after the join timeout
+    assert q is not None and q.groups == ("0",)
+    ask(c, "1", step=0, inc="replacement", now=12.0)  # its replacement is a normal late joiner: no wait for others
+    ask(c, "0", step=32, now=12.0, quorum_id=41)
+    q = c.poll(12.0)
+    assert q is not None and q.groups == ("0", "1") and q.responses["1"].heal
+
+
 def test_new_incarnation_replaces_and_bans_the_old_one():
     c = core()
     c.heartbeat("0", "old", 0, now=0.0)

@@ -219,6 +219,8 @@ def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
         core.set_desired(args.replicas, args.groups)
     elif args.groups is not None:
         core.group_limit = args.groups
+    if (args.restore_quorum_id or args.restore_step or saved.quorum_id) and core.group_limit:
+        core.expect_back(str(g) for g in range(core.group_limit))  # a replacement: the groups are coming back
     integrity = IntegrityChecks(max_offences=args.guard_max_offences, window_s=args.guard_window_s)
     return LighthouseServer(core, token, state_file=args.state_file, integrity=integrity, audit_file=args.audit_file)
 

@@ -77,6 +77,7 @@ class QuorumCore:
         self._incarnations: dict[str, str] = {}  # every group ever seen -> its latest incarnation
         self._banned: set[tuple[str, str]] = set()  # evicted (group, incarnation): may never come back
         self._starting: dict[str, float] = {}  # group -> until when the quorum may wait for it
+        self._expected_back: list[str] = []  # a replacement lighthouse's groups, until the first one is back
         self._handovers = Handovers()  # make-before-break replacements (marks, quiet new incarnations)
         self._prev: dict[str, str] = {}  # last quorum: group -> incarnation
         self._prev_contributors: set[str] = set()
@@ -127,6 +128,9 @@ class QuorumCore:
             self.members[group] = member
             self._incarnations[group] = incarnation
             self._starting.pop(group, None)
+            if self._expected_back:  # the first group back: the others get the join timeout to come back too
+                self.mark_starting(self._expected_back, now)
+                self._expected_back = []
             if handed_over:
                 self._handovers.quiet[group] = incarnation
         member.last_seen = now
@@ -244,6 +248,13 @@ class QuorumCore:
     @property
     def handover_timeout_s(self) -> float:
         return self._handovers.timeout_s
+
+    def expect_back(self, groups: Iterable[str]) -> None:
+        """A replacement lighthouse: the first group to reconnect must not train alone while the others are still
+        reconnecting. (A group whose step in flight committed under the lost lighthouse and one whose step failed
+        would both reach the next step, through different updates, and never heal.) From the first contact, every
+        group in ``groups`` is starting: the first quorum waits up to the join timeout for it."""
+        self._expected_back = list(groups)
 
     def mark_starting(self, groups: Iterable[str], now: float) -> None:
         groups = list(groups)
