@@ -9,7 +9,8 @@ median gap between consecutive committed steps after `--warmup` steps. Prints ea
 same way in the same rounds (ours, DDP, torchft, ours, ...: 3 one-rank replica groups through torchft's lighthouse,
 Manager and gloo process group; see torchft_runner.py) and ours ÷ torchft and torchft ÷ DDP are printed too. Every
 round checks that ours' groups end with equal parameters, and where DDP ends (to float rounding), and that
-torchft's groups end equal.
+torchft's groups end equal; with torchft it prints torchft's distance from DDP next to ours: what rounding alone does
+in the same run.
 
 ``--metrics`` says whether ours records its Prometheus metrics (ftjob.ft.metrics; ``on``, as shipped) or not (``off``:
 FTJOB_METRICS_DISABLED=1); ``both`` runs ours both ways in every round (on, off, DDP, ...) and prints the ratio of
@@ -94,20 +95,28 @@ def show(name: str, run: Run) -> None:
     print(f"[bench] {name}: CPU ms per step per rank: {cpu}; other processes {run.others_cpu_s:.2f} s", flush=True)
 
 
+def max_difference(params: dict, ddp: dict, side: str) -> float:
+    if set(params) != set(ddp):
+        raise RuntimeError(f"{side} and DDP trained different parameters: {sorted(set(params) ^ set(ddp))}")
+    diff = max(float((params[n] - t).abs().max()) for n, t in ddp.items())
+    if not diff < 1.0:  # NaN, or a different model: not rounding
+        raise RuntimeError(f"{side} does not end where DDP ends: max |difference| {diff:.2e}")
+    return diff
+
+
 def compare_params(tmp: Path, i: int) -> str:
-    """Ours' final parameters against DDP's of the same round. The two sum the gradients of 3 groups in different
-    orders (other bucket layouts) and AdamW magnifies that rounding on tiny gradients, so they agree to a tolerance
-    (DDP_TOLERANCE), not bitwise."""
+    """Ours' final parameters against DDP's of the same round, and torchft's when it ran: each sums the 3 groups'
+    gradients in another order than DDP's buckets and AdamW magnifies that rounding on tiny gradients, so they agree
+    to a tolerance (DDP_TOLERANCE after 20 steps; it grows with the steps), not bitwise. torchft's difference, same
+    run, same steps, is the yardstick for what rounding alone does."""
     import torch
 
-    ours = torch.load(tmp / f"ftjob-{i}" / "run" / "final-params-group-0.pt")
     ddp = torch.load(tmp / f"DDP-{i}" / "final-params-rank-0.pt")
-    if set(ours) != set(ddp):
-        raise RuntimeError(f"ftjob and DDP trained different parameters: {sorted(set(ours) ^ set(ddp))}")
-    diff = max(float((ours[n] - t).abs().max()) for n, t in ddp.items())
-    if not diff < 1.0:  # NaN, or a different model: not rounding
-        raise RuntimeError(f"ftjob does not end where DDP ends: max |difference| {diff:.2e}")
-    if diff > DDP_TOLERANCE:  # rounding grows with the steps (40 steps: 3.8e-2 seen, bitwise equal to the old path)
+    diff = max_difference(torch.load(tmp / f"ftjob-{i}" / "run" / "final-params-group-0.pt"), ddp, "ftjob")
+    torchft = tmp / f"torchft-{i}" / "final-params-group-0.pt"
+    if torchft.exists():
+        return f"max |difference| {diff:.2e}; torchft's {max_difference(torch.load(torchft), ddp, 'torchft'):.2e}"
+    if diff > DDP_TOLERANCE:
         return f"max |difference| {diff:.2e}, above the {DDP_TOLERANCE} that rounding reaches in 20 steps"
     return f"yes (max |difference| {diff:.2e} <= {DDP_TOLERANCE})"
 

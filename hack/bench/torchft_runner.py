@@ -137,6 +137,8 @@ def worker(group: int, groups: int, lighthouse: str, cfg: TrainConfig, out: Path
                     print(f"[torchft] step {step + 1}/{cfg.steps} loss {loss:.4f}", flush=True)
         params = full_params(model)
         out.mkdir(parents=True, exist_ok=True)
+        if group == 0:  # bench_trainer compares where each side ends against DDP
+            torch.save(params, out / "final-params-group-0.pt")
         (out / f"torchft-group-{group}.json").write_text(
             json.dumps(
                 {
