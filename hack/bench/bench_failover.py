@@ -8,10 +8,10 @@ Measured, all in this run:
   * rejoin time (restarted process ready -> first committed step) and the survivors' stall while it rejoins;
   * the floor under that rejoin, after each kill while the victim is down: torch alone (hack/bench/torch_floor.py:
     import torch, the same model and Adam, one local step), and ftjob's rejoin above it;
-  * with --torchft-rejoins N: torchft 0.2.0's groups (hack/bench/torchft_rejoin.py, same tiny model and loop) killed
-    and restarted the same way, after ours; both sides' restarted process (and torch alone) broken down phase by phase
-    (python start, imports, model + optimizer, Manager ready, quorum answered, healed, first commit, first
-    contributing commit);
+  * with --torchft-rejoins N: torchft's groups (hack/bench/torchft_rejoin.py, same tiny model and loop; labelled
+    with the torchft version installed) killed and restarted the same way, after ours; both sides' restarted process
+    (and torch alone) broken down phase by phase (python start, imports, model + optimizer, Manager ready, quorum
+    answered, healed, first commit, first contributing commit);
   * recovery throughput over plain HTTP (into the healer's own tensors, as the Manager heals, and into a fresh
     buffer) and over TLS (the job's certificates, verified), in rounds on the same snapshot interleaved with raw
     loopback TCP (one socket into a preallocated buffer; same machine, same run), each vs that.
@@ -24,6 +24,7 @@ Stall = the longest gap between two consecutive commits of a survivor around the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -44,7 +45,7 @@ sys.path.insert(0, str(REPO / "tests" / "trainer"))
 
 from ftjob import contract  # noqa: E402
 from test_manager_worker import Lighthouse, Worker, _wait  # noqa: E402
-from torchft_rejoin import TorchftJob  # noqa: E402
+from torchft_rejoin import TorchftJob, torchft_label  # noqa: E402
 
 # A short pause per step leaves CPU for a restarting group's python + torch import on a 2-core machine.
 WORKER_ARGS = ("--steps", "1000000", "--collective-timeout", "30", "--quorum-timeout", "120", "--width", "64")
@@ -244,7 +245,7 @@ def bench_torchft_rejoins(workdir: Path, rejoins: int, rng: random.Random) -> di
         if job is not None:
             job.close()
     print(
-        f"torchft 0.2.0 survivors crashed or stuck after {crashes} of {kills} kills of a peer (ftjob: every "
+        f"{torchft_label()} survivors crashed or stuck after {crashes} of {kills} kills of a peer (ftjob: every "
         "survivor of every kill above committed on)",
         flush=True,
     )
@@ -426,6 +427,8 @@ def main() -> int:
     p.add_argument("--no-recovery", action="store_true", help="skip the recovery throughput figures")
     p.add_argument("--torchft-rejoins", type=int, default=0, help="also kill + restart a torchft group this often")
     args = p.parse_args()
+    if args.torchft_rejoins and importlib.util.find_spec("torchft") is None:  # before minutes of our own figures
+        p.error("--torchft-rejoins needs torchft: the optional `bench` extra (README.md, Benchmarks)")
     rng = random.Random(args.seed)
     if not args.no_recovery:
         bench_recovery_throughput(args.state_mb)
@@ -454,7 +457,7 @@ def main() -> int:
         finally:
             run.close()
         if args.torchft_rejoins:  # after ours closed: each side has the machine to itself
-            sides["torchft 0.2.0"] = bench_torchft_rejoins(Path(tmp), args.torchft_rejoins, rng)
+            sides[torchft_label()] = bench_torchft_rejoins(Path(tmp), args.torchft_rejoins, rng)
         if sides:
             print_breakdown(sides)
     return 0

@@ -308,12 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"[bench] ftjob ÷ DDP step time: {ratio:.3f} (target <= 1.02; medians of {a.rounds} interleaved rounds)")
     if tft:
+        from torchft_rejoin import torchft_label  # next to this file, as torchft_runner (on sys.path by now)
+
+        figures["torchft"] = torchft_label()
         print(
-            f"[bench] ftjob ÷ torchft step time: {figures['ratio_ftjob_over_torchft']:.3f} (target <= 1.0); "
+            f"[bench] ftjob ÷ torchft ({figures['torchft']}) step time: {figures['ratio_ftjob_over_torchft']:.3f} "
+            "(target <= 1.0); "
             f"torchft ÷ DDP: {figures['ratio_torchft_over_ddp']:.3f} (medians of {a.rounds} interleaved rounds)"
         )
     elif not a.skip_torchft:
-        print("[bench] torchft is not installed (optional `bench` extra): ours ÷ torchft not measured")
+        print("[bench] torchft is not installed (the `bench` extra: see README.md): ours ÷ torchft not measured")
     if ours_off:
         print(
             f"[bench] metrics on ÷ off step time: {figures['ratio_metrics_on_over_off']:.3f} (medians of {a.rounds} "

@@ -1,8 +1,9 @@
 """torchft's side of hack/bench/bench_failover.py's rejoin figure: the same tiny model and loop as ours
 (tests/trainer/test_manager_worker.py: two nn.Linear(64, 64), Adam, one rank per group, a 0.02 s pause per step),
-coordinated by torchft 0.2.0 (its Rust lighthouse, Manager, reconfigurable gloo process group and DDP wrapper)
-instead of ftjob. The worker prints the same JSON events as ours (boot, ready, step), so the bench measures a
-restarted group's process start -> first commit -> first contributing commit the same way for both.
+coordinated by torchft (0.2.0, as the ``bench`` extra pins it: its Rust lighthouse, Manager, reconfigurable gloo
+process group and DDP wrapper) instead of ftjob. The worker prints the same JSON events as ours (boot, ready, step),
+so the bench measures a restarted group's process start -> first commit -> first contributing commit the same way
+for both.
 
 The worker imports only what a torchft training script needs (torch, torchft): its import cost is torchft's own.
 
@@ -13,6 +14,7 @@ The worker imports only what a torchft training script needs (torch, torchft): i
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import signal
@@ -28,6 +30,16 @@ WIDTH = 64
 STEP_DELAY_S = 0.02  # as bench_failover's WORKER_ARGS
 TIMEOUT_S = 5.0  # collective timeout (torchft_runner's TIMEOUT)
 JOIN_TIMEOUT_MS = 500  # as bench_failover's ftjob lighthouse (--join-timeout 0.5)
+
+
+def torchft_label() -> str:
+    """The label "torchft VERSION" as installed (the ``bench`` extra pins the one measured), without importing it."""
+    for dist in ("torchft", "torchft-nightly"):
+        try:
+            return f"torchft {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "torchft"
 
 
 def emit(**fields: object) -> None:
