@@ -28,7 +28,7 @@ PLURAL = "faulttoleranttrainingjobs"
 LABEL_JOB = "ftjob.dev/job"  # the job's name, on every object the operator makes for it
 LABEL_ROLE = "ftjob.dev/role"  # ROLE_LIGHTHOUSE or ROLE_WORKER
 LABEL_GROUP = "ftjob.dev/replica-group"  # "0", "1", ... (the group's index)
-LABEL_RANK = "ftjob.dev/rank"  # rank inside the group, "0".."podsPerReplica-1"
+LABEL_RANK = "ftjob.dev/rank"  # the pod's index inside its group, "0".."podsPerReplica-1" (FTJOB_POD_RANK)
 LABEL_GENERATION = "ftjob.dev/generation"  # how many times this group has been (re)created, "0", "1", ...
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "ftjob-operator"
@@ -41,6 +41,20 @@ GROUP_MASTER_PORT = 29500  # torch.distributed rendezvous inside one group (MAST
 RECOVERY_PORT = 29520  # per-rank state server a healing peer copies from
 CROSS_GROUP_STORE_PORT = 29530  # TCPStore hosted by a group's rank for the cross-group process group
 TRAINER_METRICS_PORT = 29540  # every worker rank's Prometheus /metrics (ftjob.ft.metrics; container port "metrics")
+# A pod running several ranks (spec.ranksPerPod) gives local rank k the per-rank ports base + k * RANK_PORT_STRIDE
+# (rank_port): the three bases stay apart, and every port of the largest pod stays below Linux's ephemeral range.
+RANK_PORT_STRIDE = 100
+MAX_RANKS_PER_POD = 16
+
+
+
+def rank_port(base: int, local_rank: int) -> int:
+    """The port of local rank ``local_rank`` for a per-rank server whose pod-level port is ``base`` (0 stays 0: an
+    ephemeral port)."""
+    if not 0 <= local_rank < MAX_RANKS_PER_POD:
+        raise ValueError(f"local rank must be in 0..{MAX_RANKS_PER_POD - 1}, got {local_rank}")
+    return base + RANK_PORT_STRIDE * local_rank if base else 0
+
 
 # --- Env vars the operator sets on worker pods and the trainer reads -------------------------------------------
 ENV_JOB_NAME = "FTJOB_JOB_NAME"
@@ -75,10 +89,15 @@ ENV_FAULT_INJECTION = "FTJOB_FAULT_INJECTION"  # tests only: "group=1,kind=nan|s
 ENV_TLS_CA_FILE = "FTJOB_TLS_CA_FILE"  # the job's CA certificate (PEM): clients verify servers with it
 ENV_TLS_CERT_FILE = "FTJOB_TLS_CERT_FILE"  # this process's certificate chain (PEM), for the servers it runs
 ENV_TLS_KEY_FILE = "FTJOB_TLS_KEY_FILE"  # its private key (PEM)
-# torch.distributed's own names, for the ranks inside one group
+# Several ranks per pod (spec.ranksPerPod): the operator sets these on the pod, and the in-pod supervisor
+# (`ftjob-trainer supervise`) starts that many rank processes with torch's names below set per rank.
+ENV_RANKS_PER_POD = "FTJOB_RANKS_PER_POD"  # rank processes in this pod (default 1)
+ENV_POD_RANK = "FTJOB_POD_RANK"  # this pod's index in its group; a rank's RANK = POD_RANK * RANKS_PER_POD + LOCAL_RANK
+# torch.distributed's own names, for the ranks inside one group (WORLD_SIZE = podsPerReplica * ranksPerPod)
 ENV_RANK = "RANK"
 ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
 
