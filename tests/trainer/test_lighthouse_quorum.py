@@ -172,15 +172,50 @@ def test_a_floor_restored_from_the_operator_holds_for_its_window_then_gives_way(
     assert q is not None and q.max_step == 3 and c.committed_step == 3
 
 
-def test_a_confirmed_restored_floor_holds_for_ever():
+def test_a_confirmed_restored_floor_holds_while_a_group_holding_it_lives():
     c = QuorumCore(
         min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=100.0, committed_step=10, step_floor_until=5.0
     )
     ask(c, "0", step=10)
     assert c.poll(1.0) is not None and c.step_floor_until is None
     ask(c, "1", step=2, inc="new")
-    c.evict(["0"], "test", 2.0)
-    assert c.poll(50.0) is None and "committed step 10" in c.blocked_reason
+    ask(c, "2", step=2, inc="new")
+    assert c.poll(50.0) is None and "committed step 10" in c.blocked_reason  # group 0 holds it: no window ends this
+    c.evict(["0"], "test", 51.0)
+    q = c.poll(51.0)  # nobody holds step 10 any more: waiting would wait for ever
+    assert q is not None and q.max_step == 2 and c.last_restore is not None
+    assert (c.last_restore.from_step, c.last_restore.to_step, c.last_restore.quorum_id) == (10, 2, q.quorum_id)
+
+
+def test_a_whole_job_loss_goes_on_from_the_best_checkpoint_the_groups_bring_back():
+    c = core(min_replicas=2)
+    for step in range(1, 8):  # both groups train to step 7
+        ask(c, "0", step=step, now=step)
+        ask(c, "1", step=step, now=step)
+        assert c.poll(step) is not None
+    ask(c, "0", step=5, now=8.0, inc="0-new")  # every group replaced: group 0 resumed a checkpoint of step 5 ...
+    assert c.poll(8.0) is None  # ... while the old group 1, which holds step 7, is still a member
+    ask(c, "1", step=3, now=8.5, inc="1-new")  # group 1's newest intact checkpoint is older
+    q = c.poll(8.5)
+    assert q is not None and q.max_step == 5 and q.responses["1"].heal and not q.responses["0"].heal
+    assert c.committed_step == 5 and c.status(8.5).max_step == 5
+    restored = c.status(8.5).last_restore
+    assert restored is not None and (restored.from_step, restored.to_step) == (7, 5)
+    assert restored in c.status(8.5).history
+
+
+def test_a_member_of_the_last_quorum_holds_the_committed_step_even_before_it_reports_it():
+    c = core(min_replicas=1, join=0.0)
+    ask(c, "0", step=4)
+    ask(c, "1", step=0)  # behind: heals into step 4 during the quorum
+    ask(c, "2", step=4)
+    assert c.poll(0.0) is not None
+    ask(c, "0", step=2, now=1.0, inc="0-new")  # groups 0 and 2 lost; group 1 (healed, not asking yet) holds step 4
+    ask(c, "2", step=2, now=1.0, inc="2-new")
+    assert c.poll(1.0) is None and c.last_restore is None and "committed step 4" in c.blocked_reason
+    ask(c, "1", step=4, now=1.5)
+    q = c.poll(1.5)
+    assert q is not None and q.max_step == 4 and c.last_restore is None
 
 
 def test_a_replacement_lighthouse_waits_for_every_group_from_the_first_contact():

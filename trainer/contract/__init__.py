@@ -47,7 +47,6 @@ RANK_PORT_STRIDE = 100
 MAX_RANKS_PER_POD = 16
 
 
-
 def rank_port(base: int, local_rank: int) -> int:
     """The port of local rank ``local_rank`` for a per-rank server whose pod-level port is ``base`` (0 stays 0: an
     ephemeral port)."""

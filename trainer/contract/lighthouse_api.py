@@ -321,7 +321,19 @@ class QuorumEvent(Answer):
     step: int
 
 
-HistoryEvent = Annotated[DroppedEvent | QuorumEvent, Field(discriminator="event")]
+class RestoredEvent(Answer):
+    """The job went on below its committed step: every incarnation that held it was gone (the whole job lost, or
+    suspended and resumed), so the quorum ``quorum_id`` started from the best step the groups brought back (their
+    checkpoint's, or 0 without one). ``from_step - to_step`` steps are trained again."""
+
+    event: Literal["restored"] = "restored"
+    time: float
+    quorum_id: int
+    from_step: int
+    to_step: int
+
+
+HistoryEvent = Annotated[DroppedEvent | QuorumEvent | RestoredEvent, Field(discriminator="event")]
 
 
 AuditKind = Literal["join", "leave", "evict", "refused", "guard", "divergence"]
@@ -371,6 +383,7 @@ class StatusResponse(Answer):
     # the newest job-level audit records (guard, divergence, evictions; refusals folded one per kind and minute),
     # oldest first, at most 100; `seq` lets a poller pick up only the new ones
     audit: list[AuditRecord] = []
+    last_restore: RestoredEvent | None = None  # the newest restore (kept after the history has moved past it)
 
 
 class ErrorResponse(Answer):

@@ -25,6 +25,7 @@ from ftjob.contract.lighthouse_api import (
     QuorumEvent,
     QuorumMember,
     QuorumRequest,
+    RestoredEvent,
     StatusResponse,
 )
 from ftjob.lighthouse import quorum_view
@@ -90,6 +91,7 @@ class QuorumCore:
         self.blocked_reason = ""  # why the pending quorum has not formed (status API)
         self.history: collections.deque[HistoryEvent] = collections.deque(maxlen=history_len)
         self.dropped_events: list[tuple[str, str]] = []  # (group, reason) since the caller last drained it
+        self.last_restore: RestoredEvent | None = None  # the newest time the job went on below its committed step
 
     # --- liveness ------------------------------------------------------------------------------------------------
     def _check_banned(self, group: str, incarnation: str) -> None:
@@ -341,17 +343,18 @@ class QuorumCore:
         askers = sorted((m for m in self.members.values() if m.asking), key=lambda m: m.sort_key)
         max_step = max(m.step for m in askers)
         if max_step < self.committed_step:
-            if self.step_floor_until is None or now < self.step_floor_until:
+            restored_floor = self.step_floor_until is not None
+            # a floor this lighthouse did not see committed (restored, or from its state file) may be held by a
+            # group that has not reconnected yet: only a floor it confirmed itself has holders it can count
+            wait = now < self.step_floor_until if restored_floor else not self._prev or self._holder_alive()
+            if wait:
                 self.blocked_reason = (
                     f"no asking group holds committed step {self.committed_step} (best: {max_step}); waiting for one"
                 )
                 return None
-            log.warning(
-                "no group came back holding the restored committed step %d; going on from step %d",
-                self.committed_step,
-                max_step,
-            )
-            self.committed_step = max_step
+            restored_from = self._restore(max_step, restored_floor)
+        else:
+            restored_from = None
         self.step_floor_until = None  # confirmed (or given up): from now on the floor is this lighthouse's own
         keys = {m.group: m.incarnation for m in askers}
         changed = keys != self._prev or self._prev_lost or any(m.commit_failures for m in askers)
@@ -363,6 +366,11 @@ class QuorumCore:
             self._set_asking(member, False)
             member.commit_failures = 0
             member.waiting, member.progress_at = False, now  # a new step starts now (ftjob.lighthouse.stall)
+        if restored_from is not None:
+            self.last_restore = RestoredEvent(
+                time=now, quorum_id=self.quorum_id, from_step=restored_from, to_step=max_step
+            )
+            self.history.append(self.last_restore)
         if changed:
             self.history.append(QuorumEvent(time=now, quorum_id=self.quorum_id, groups=list(keys), step=max_step))
         self._prev = keys
@@ -385,6 +393,25 @@ class QuorumCore:
             "abort_below": self.abort_below,
         }
         return Formed(self.quorum_id, max_step, tuple(keys), changed, heals, Answers(shared, own))
+
+    def _holder_alive(self) -> bool:
+        """Whether a live member may still hold the committed step: one that reported it, or one of the last
+        quorum's incarnations (a member that healed into it, or is computing the next step, asks with it soon)."""
+        return any(m.step >= self.committed_step or self._prev.get(g) == m.incarnation for g, m in self.members.items())
+
+    def _restore(self, step: int, restored_floor: bool) -> int:
+        """Every incarnation that held the committed step is gone (the whole job was lost, or suspended and resumed):
+        the job goes on from the best step the groups brought back (a checkpoint's, else 0). Waiting would wait
+        forever. Returns the step given up; the quorum's history and ``last_restore`` say so (the operator's Restored
+        Event and goodput read them)."""
+        if restored_floor:
+            log.warning("no group came back holding the restored committed step %d; going on from step %d",
+                        self.committed_step, step)  # fmt: skip
+        else:
+            log.warning("every group holding committed step %d is gone; the job goes on from step %d (%d steps lost)",
+                        self.committed_step, step, self.committed_step - step)  # fmt: skip
+        lost, self.committed_step = self.committed_step, step
+        return lost
 
     def members_view(self) -> list[QuorumMember]:
         """The last quorum's member list (for requests that ask for it)."""

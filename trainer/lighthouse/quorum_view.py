@@ -59,4 +59,5 @@ def status(core: QuorumCore, now: float) -> StatusResponse:
         blocked_reason=core.blocked_reason,
         history=list(core.history)[-50:],
         clock=now,
+        last_restore=core.last_restore,
     )
