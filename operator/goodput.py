@@ -15,11 +15,11 @@ from typing import Any
 CONTRIBUTING, SPARE, HEALING, STARTING, FAILED = "contributing", "spare", "healing", "starting", "failed"
 FINISHED = "finished"  # trained to the end and left: the job's tail, not an idle spare
 GROUP_STATES = (CONTRIBUTING, SPARE, HEALING, STARTING, FAILED, FINISHED)
-STARTUP, FAILURE_STALL, REJOIN, BELOW_MINIMUM, SPARE_IDLE, OTHER = (
-    "startup", "failureStall", "rejoin", "belowMinimum", "spareIdle", "other",
+STARTUP, FAILURE_STALL, REJOIN, BELOW_MINIMUM, SPARE_IDLE, LOST_WORK, OTHER = (
+    "startup", "failureStall", "rejoin", "belowMinimum", "spareIdle", "lostWork", "other",
 )  # fmt: skip
-WALL_CAUSES = (STARTUP, FAILURE_STALL, REJOIN, BELOW_MINIMUM, OTHER)
-GROUP_CAUSES = (STARTUP, FAILURE_STALL, REJOIN, BELOW_MINIMUM, SPARE_IDLE, OTHER)
+WALL_CAUSES = (STARTUP, FAILURE_STALL, REJOIN, BELOW_MINIMUM, LOST_WORK, OTHER)
+GROUP_CAUSES = (STARTUP, FAILURE_STALL, REJOIN, BELOW_MINIMUM, SPARE_IDLE, LOST_WORK, OTHER)
 GAP_CAP_S = 10.0  # of a longer gap between polls (operator down) the unproductive rest is "other": nobody saw it
 STEP_WINDOW = 50  # intervals whose seconds-per-step give the reference step time (median)
 DEFER_MAX_S = 300.0  # a healthy interval without a commit waits for the step in flight at most this long
@@ -39,6 +39,8 @@ class Sample:
     lighthouse_generation: int = 0  # a new one is a failure (its quorum re-forms)
     suspended: bool = False
     first_quorum: tuple[float, int] | None = None  # (when, step) the lighthouse formed its first listed quorum
+    # training again steps that had committed before the whole job was lost (a restore below the committed step)
+    replaying: bool = False
 
 
 def advance(previous: dict[str, Any] | None, sample: Sample | None, created: float, end: float | None = None
@@ -110,6 +112,8 @@ def _interval(g: dict[str, Any], s: Sample, t1: float) -> None:
         cause = BELOW_MINIMUM
     elif failure:
         cause = FAILURE_STALL
+    elif s.replaying:
+        cause = LOST_WORK
     elif any(v in (HEALING, STARTING) for v in s.groups.values()):
         cause = REJOIN
     else:

@@ -13,6 +13,7 @@ from ftjob.contract.lighthouse_api import (
     IntegrityStatus,
     MemberStatus,
     QuorumEvent,
+    RestoredEvent,
     StatusResponse,
 )
 from ftjob.operator.integrity import integrity_reason
@@ -38,6 +39,12 @@ class LighthouseView:
     integrity_drops: dict[str, tuple[float, str]] = field(default_factory=dict)
     integrity: IntegrityStatus | None = None  # the guard's and the digest check's counters
     audit: tuple[AuditRecord, ...] = ()  # the newest job-level audit records, oldest first
+    last_restore: RestoredEvent | None = None  # the newest time the job went on below its committed step
+
+    @property
+    def replaying(self) -> bool:
+        """Training again the steps a whole-job loss took back (up to the step committed before it)."""
+        return self.last_restore is not None and (self.step or 0) < self.last_restore.from_step
 
     @property
     def finished_groups(self) -> set[int]:
@@ -58,6 +65,7 @@ class LighthouseView:
             integrity_drops=_integrity_drops(status),
             integrity=status.integrity,
             audit=tuple(status.audit),
+            last_restore=status.last_restore,
         )
 
 

@@ -40,8 +40,8 @@ BADPUT_GROUP_SECONDS = Gauge(
 COMMITTED_STEP = Gauge("ftjob_job_committed_step", "The job's highest committed step.", JOB)
 QUORUM_SIZE = Gauge("ftjob_job_quorum_size", "Replica groups in the job's current quorum.", JOB)
 GROUPS = Gauge("ftjob_job_groups", "The job's replica groups by state.", [*JOB, "state"])
-WALL_CAUSES = ("startup", "failureStall", "rejoin", "belowMinimum", "other")
-GROUP_CAUSES = (*WALL_CAUSES[:4], "spareIdle", "other")
+WALL_CAUSES = ("startup", "failureStall", "rejoin", "belowMinimum", "lostWork", "other")
+GROUP_CAUSES = (*WALL_CAUSES[:4], "spareIdle", "lostWork", "other")
 GROUP_STATES = ("contributing", "spare", "healing", "starting", "failed", "finished")
 
 

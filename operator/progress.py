@@ -81,6 +81,7 @@ def sample(view: LighthouseView | None, t: float, spec: JobSpec, state: JobState
         lighthouse_generation=state.lighthouse_generation,
         suspended=state.suspended,
         first_quorum=_first_quorum_at(view, t),
+        replaying=view is not None and view.replaying,
     )
 
 

@@ -214,3 +214,17 @@ def test_a_group_that_fails_or_finishes_between_polls_is_credited_its_share_of_t
     assert g["productiveGroupSeconds"] == pytest.approx(2 * 2 + 1.5 * 2 + 2 + 2)
     assert g["badputGroupSeconds"]["failureStall"] == pytest.approx(1 + 2 + 2)
     assert g["productiveGroupSeconds"] + sum(g["badputGroupSeconds"].values()) == pytest.approx(g["groupSeconds"])
+
+
+def test_steps_trained_again_after_a_restore_are_lost_work_not_progress():
+    ok = {0: C, 1: C}
+    samples = [G.Sample(t=T0 + 2, step=0, quorum=["0", "1"], groups=ok)]
+    samples += [G.Sample(t=T0 + 2 + 2 * i, step=4 * i, quorum=["0", "1"], groups=ok) for i in range(1, 6)]  # to 20
+    # every group lost at once, back from a checkpoint of step 8: steps 9..20 are trained again (3 polls)
+    samples += [G.Sample(t=T0 + 14 + 2 * i, step=8 + 4 * i, quorum=["0", "1"], groups=ok, replaying=True)
+                for i in range(3)]  # fmt: skip
+    samples += [G.Sample(t=T0 + 20 + 2 * i, step=20 + 4 * i, quorum=["0", "1"], groups=ok) for i in range(1, 3)]
+    g = _run(samples)
+    assert g["badputSeconds"]["lostWork"] == pytest.approx(6)
+    assert g["badputGroupSeconds"]["lostWork"] == pytest.approx(12)
+    assert g["productiveSeconds"] == pytest.approx(10 + 4)  # steps 0..20 once, then 20..28
