@@ -172,6 +172,18 @@ def test_a_floor_restored_from_the_operator_holds_for_its_window_then_gives_way(
     assert q is not None and q.max_step == 3 and c.committed_step == 3
 
 
+def test_a_restored_floor_gives_way_at_once_when_every_group_is_back_without_it():
+    c = QuorumCore(
+        min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=100.0, committed_step=10, step_floor_until=120.0
+    )
+    c.group_limit = 2
+    ask(c, "0", step=4)
+    assert c.poll(1.0) is None  # group 1 may still come back holding step 10
+    ask(c, "1", step=6)
+    q = c.poll(1.5)  # the job has no other group: nobody can
+    assert q is not None and q.max_step == 6 and c.last_restore is not None and c.last_restore.from_step == 10
+
+
 def test_a_confirmed_restored_floor_holds_while_a_group_holding_it_lives():
     c = QuorumCore(
         min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=100.0, committed_step=10, step_floor_until=5.0

@@ -346,7 +346,10 @@ class QuorumCore:
             restored_floor = self.step_floor_until is not None
             # a floor this lighthouse did not see committed (restored, or from its state file) may be held by a
             # group that has not reconnected yet: only a floor it confirmed itself has holders it can count
-            wait = now < self.step_floor_until if restored_floor else not self._prev or self._holder_alive()
+            if restored_floor:  # ... unless every group of the job is back without it: then nobody can bring it
+                wait = now < self.step_floor_until and not self._every_group_back(askers)
+            else:
+                wait = not self._prev or self._holder_alive()
             if wait:
                 self.blocked_reason = (
                     f"no asking group holds committed step {self.committed_step} (best: {max_step}); waiting for one"
@@ -398,6 +401,10 @@ class QuorumCore:
         """Whether a live member may still hold the committed step: one that reported it, or one of the last
         quorum's incarnations (a member that healed into it, or is computing the next step, asks with it soon)."""
         return any(m.step >= self.committed_step or self._prev.get(g) == m.incarnation for g, m in self.members.items())
+
+    def _every_group_back(self, askers: list[Member]) -> bool:
+        """Every group id of the job asks (each has one live incarnation): none of them holds the floor."""
+        return self.group_limit is not None and len(askers) >= self.group_limit
 
     def _restore(self, step: int, restored_floor: bool) -> int:
         """Every incarnation that held the committed step is gone (the whole job was lost, or suspended and resumed):
