@@ -253,11 +253,75 @@ def _avoid_node(affinity: dict[str, Any] | None, node: str, required: bool) -> d
     return affinity
 
 
+# requests == limits: Guaranteed QoS, so the job's single coordinator is the last thing the kubelet evicts under
+# memory pressure (a BestEffort or Burstable lighthouse goes first and stalls every group of the job)
+LIGHTHOUSE_DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "limits": {"cpu": "500m", "memory": "512Mi"},
+}
+# A fixed non-root identity: the lighthouse runs the workers' image by default, which may run as root, and
+# runAsNonRoot alone would then make the kubelet refuse to start it. 65532 is the trainer image's own user.
+LIGHTHOUSE_UID = 65532
+LIGHTHOUSE_SCRATCH_VOLUME = "tmp"
+LIGHTHOUSE_SCRATCH_DIR = "/tmp"
+
+
+def _lighthouse_security(pod_spec: dict[str, Any], container: dict[str, Any]) -> None:
+    """What Pod Security Admission's `restricted` profile demands, so every namespace admits the lighthouse; the
+    root filesystem is read-only, and an emptyDir at /tmp (also HOME) is the one writable place, for Python and
+    libraries and for a state or audit file a custom command may ask for."""
+    pod_spec["automountServiceAccountToken"] = False  # the lighthouse never calls the Kubernetes API
+    pod_spec["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": LIGHTHOUSE_UID,
+        "runAsGroup": LIGHTHOUSE_UID,
+        "fsGroup": LIGHTHOUSE_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+    }
+    pod_spec.setdefault("volumes", []).append({"name": LIGHTHOUSE_SCRATCH_VOLUME, "emptyDir": {}})
+    mount = {"name": LIGHTHOUSE_SCRATCH_VOLUME, "mountPath": LIGHTHOUSE_SCRATCH_DIR}
+    container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
+    if not any(e.get("name") == "HOME" for e in container["env"]):
+        container["env"].append({"name": "HOME", "value": LIGHTHOUSE_SCRATCH_DIR})
+
+
+def _lighthouse_placement(spec: JobSpec) -> dict[str, Any]:
+    """The lighthouse's pod-spec placement fields. imagePullSecrets and priorityClassName default to the worker
+    template's: the lighthouse runs the workers' image by default (a private registry would otherwise leave it in
+    ImagePullBackOff) and must not be preempted before the job it coordinates. nodeSelector, tolerations and
+    affinity are never copied: workers usually target tainted GPU nodes, and the lighthouse needs a CPU only and
+    should outlive the loss of a GPU node."""
+    lh = spec.lighthouse
+    template = spec.template.get("spec") or {}
+    out: dict[str, Any] = {}
+    if lh.node_selector:
+        out["nodeSelector"] = dict(lh.node_selector)
+    if lh.tolerations:
+        out["tolerations"] = copy.deepcopy(list(lh.tolerations))
+    if lh.affinity:
+        out["affinity"] = copy.deepcopy(lh.affinity)
+    priority = template.get("priorityClassName") if lh.priority_class_name is None else lh.priority_class_name
+    if priority:  # an explicit "" opts out of the template's class
+        out["priorityClassName"] = priority
+    pull = template.get("imagePullSecrets") if lh.image_pull_secrets is None else list(lh.image_pull_secrets)
+    if pull:
+        out["imagePullSecrets"] = copy.deepcopy(pull)
+    return out
+
+
 def lighthouse_pod(
     job: str, namespace: str, spec: JobSpec, generation: int, restore_quorum_id: int = 0, restore_step: int = 0
 ) -> dict[str, Any]:
     """The lighthouse pod. A replacement (the previous one was lost) starts from the last quorum id and committed
-    step the operator saw, so ids keep increasing and no quorum restarts below a step the groups committed."""
+    step the operator saw, so ids keep increasing and no quorum restarts below a step the groups committed. It
+    passes Pod Security Admission `restricted` and is Guaranteed QoS unless spec.lighthouse.resources says
+    otherwise."""
     lh = spec.lighthouse
     containers = (spec.template.get("spec") or {}).get("containers") or [{}]
     image = lh.image or containers[0].get("image", "ftjob-trainer")
@@ -298,17 +362,19 @@ def lighthouse_pod(
     }
     if spec.tls.enabled:
         container["volumeMounts"] = [tls_mount]
-    if lh.resources:
-        container["resources"] = quantities_as_strings(lh.resources)
+    resources = lh.resources or LIGHTHOUSE_DEFAULT_RESOURCES  # the user's exactly, when given
+    container["resources"] = quantities_as_strings(resources)
     labels = {**common_labels(job, contract.ROLE_LIGHTHOUSE), contract.LABEL_GENERATION: str(generation)}
     pod_spec: dict[str, Any] = {
         "hostname": name,
         "subdomain": names.lighthouse_service(job),
         "restartPolicy": "Never",
         "containers": [container],
+        **_lighthouse_placement(spec),
     }
     if volumes:
         pod_spec["volumes"] = volumes
+    _lighthouse_security(pod_spec, container)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -57,13 +57,64 @@ class FailurePolicy:
 
 @dataclass(frozen=True)
 class LighthouseSpec:
+    """`spec.lighthouse`. Of the placement fields, None means unset: imagePullSecrets and priorityClassName then
+    come from the worker template (builders.lighthouse_pod), nodeSelector, tolerations and affinity stay empty."""
+
     image: str | None = None
     command: tuple[str, ...] = ("ftjob-trainer", "lighthouse")
-    resources: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)  # empty: builders.LIGHTHOUSE_DEFAULT_RESOURCES
     join_timeout_s: float = 1.0
     heartbeat_timeout_s: float = 5.0
     stall_factor: float = 3.0  # progress-based stall rule (ftjob.lighthouse.stall)
     stall_floor_s: float = 1.0
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] = field(default_factory=dict)
+    priority_class_name: str | None = None
+    image_pull_secrets: tuple[dict[str, str], ...] | None = None
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> LighthouseSpec:
+        """Parse with the CRD's defaults; a value of the wrong type (an older CRD let it in) raises ValueError naming
+        the field, rather than a pod the apiserver refuses in words that never mention the job's spec."""
+        raw = raw or {}
+        where = "spec.lighthouse"
+        resources = raw.get("resources") or {}
+        if not isinstance(resources, dict):
+            raise ValueError(f"{where}.resources must be an object, got {resources!r}")
+        node_selector = raw.get("nodeSelector") or {}
+        if not isinstance(node_selector, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in node_selector.items()
+        ):
+            raise ValueError(f"{where}.nodeSelector must map strings to strings, got {node_selector!r}")
+        tolerations = raw.get("tolerations") or []
+        if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
+            raise ValueError(f"{where}.tolerations must be a list of objects, got {tolerations!r}")
+        affinity = raw.get("affinity") or {}
+        if not isinstance(affinity, dict):
+            raise ValueError(f"{where}.affinity must be an object, got {affinity!r}")
+        priority = raw.get("priorityClassName")
+        if priority is not None and not isinstance(priority, str):
+            raise ValueError(f"{where}.priorityClassName must be a string, got {priority!r}")
+        pull = raw.get("imagePullSecrets")
+        if pull is not None and (
+            not isinstance(pull, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str) for s in pull)
+        ):
+            raise ValueError(f"{where}.imagePullSecrets must be a list of {{name: <secret>}}, got {pull!r}")
+        return cls(
+            image=raw.get("image"),
+            command=tuple(raw.get("command") or ("ftjob-trainer", "lighthouse")),
+            resources=copy.deepcopy(resources),
+            join_timeout_s=float(raw.get("joinTimeoutSeconds", 1)),
+            heartbeat_timeout_s=float(raw.get("heartbeatTimeoutSeconds", 5)),
+            stall_factor=float(raw.get("stallFactor", 3)),
+            stall_floor_s=float(raw.get("stallFloorSeconds", 1)),
+            node_selector=dict(node_selector),
+            tolerations=tuple(copy.deepcopy(tolerations)),
+            affinity=copy.deepcopy(affinity),
+            priority_class_name=priority,
+            image_pull_secrets=None if pull is None else tuple({"name": s["name"]} for s in pull),
+        )
 
 
 @dataclass(frozen=True)
@@ -156,8 +207,6 @@ class JobSpec:
             )
             for r in fp.get("rules") or []
         )
-        lh = spec.get("lighthouse") or {}
-        command = lh.get("command") or ["ftjob-trainer", "lighthouse"]
         ttl = spec.get("ttlSecondsAfterFinished")
         return cls(
             replicas=int(spec.get("replicas", 1)),
@@ -176,15 +225,7 @@ class JobSpec:
                 if fp.get("unschedulableTimeoutSeconds") is None
                 else float(fp["unschedulableTimeoutSeconds"]),
             ),
-            lighthouse=LighthouseSpec(
-                image=lh.get("image"),
-                command=tuple(command),
-                resources=copy.deepcopy(lh.get("resources") or {}),
-                join_timeout_s=float(lh.get("joinTimeoutSeconds", 1)),
-                heartbeat_timeout_s=float(lh.get("heartbeatTimeoutSeconds", 5)),
-                stall_factor=float(lh.get("stallFactor", 3)),
-                stall_floor_s=float(lh.get("stallFloorSeconds", 1)),
-            ),
+            lighthouse=LighthouseSpec.from_dict(spec.get("lighthouse")),
             suspend=bool(spec.get("suspend", False)),
             ttl_seconds_after_finished=None if ttl is None else int(ttl),
             node_health=NodeHealthPolicy.from_dict(spec.get("nodeHealth")),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftjob import contract
+from ftjob.operator import names
 from ftjob.operator import plan as P
 from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import (
@@ -21,7 +22,14 @@ from ftjob.operator.model import (
     format_time,
     parse_time,
 )
-from ftjob.operator.stuck import LIGHTHOUSE, REASON_POD_CREATION_REFUSED, Blocker, group_blocker, job_blocker
+from ftjob.operator.stuck import (
+    LIGHTHOUSE,
+    REASON_POD_CREATION_REFUSED,
+    Blocker,
+    group_blocker,
+    job_blocker,
+    pod_blocker,
+)
 
 CONDITION_TYPES = ("Created", "Running", "Degraded", "Recovering", "Suspended", "Succeeded", "Failed")
 
@@ -67,6 +75,31 @@ def state_from_status(status: dict[str, Any] | None) -> JobState:
 
 
 REASON_BELOW_MIN_REPLICAS = "BelowMinReplicas"
+REASON_LIGHTHOUSE_NOT_RUNNING = "LighthouseNotRunning"
+
+
+def lighthouse_down(
+    job: str, state: JobState, pods: list[PodView], create_refused: dict[int, str] | None = None
+) -> str | None:
+    """Why the job's current lighthouse pod is not running (missing, refused, Pending, Terminating, ended), or None
+    when it runs: without it no quorum forms, however many groups run."""
+    name = names.lighthouse_pod(job, state.lighthouse_generation)
+    pod = next((p for p in pods if p.role == contract.ROLE_LIGHTHOUSE and p.name == name), None)
+    if pod is None:
+        refused = (create_refused or {}).get(LIGHTHOUSE)
+        if refused:
+            return f"the apiserver refused to create lighthouse pod {name}: {refused}"
+        return f"lighthouse pod {name} does not exist yet"
+    if pod.deletion_time is not None:
+        return f"lighthouse pod {name} is terminating"
+    if pod.phase == "Running":
+        return None
+    if pod.terminal:
+        how = f"exit code {pod.exit_code}" if pod.exit_code is not None else ""
+        detail = ", ".join(x for x in (how, pod.exit_reason or pod.reason) if x)
+        return f"lighthouse pod {name} {pod.phase.lower()}" + (f" ({detail})" if detail else "")
+    blocker = pod_blocker(pod)
+    return f"lighthouse pod {name} is {pod.phase}" + (f" ({blocker.line()})" if blocker else "")
 
 
 def build_status(
@@ -151,7 +184,8 @@ def build_status(
     live = None  # groups the lighthouse hears from, once training has begun (before the first quorum: starting)
     if lighthouse is not None and lighthouse.quorum_id and not lighthouse.finished_groups:
         live = len(lighthouse.groups)
-    conditions = _conditions(spec, state, phases, running, previous, generation, now, stuck, live)
+    lh_down = lighthouse_down(job, state, pods, create_refused)
+    conditions = _conditions(spec, state, phases, running, previous, generation, now, stuck, live, lh_down)
     summary = next((c["type"] for c in reversed(conditions) if c["status"] == "True" and c["type"] != "Created"), None)
     status: dict[str, Any] = {
         "observedGeneration": generation,
@@ -220,7 +254,10 @@ def _conditions(
     now: float,
     stuck: Blocker | None = None,
     live: int | None = None,
+    lighthouse_down: str | None = None,
 ) -> list[dict[str, Any]]:
+    """`live`: the groups the lighthouse hears from (None before training began); `lighthouse_down`: why the
+    lighthouse pod is not running (None while it runs)."""
     active = state.outcome is None and not state.suspended
     down = sorted(i for i, p in phases.items() if p != P.PHASE_RUNNING)
     recovering = sorted(i for i, g in state.groups.items() if g.failed_at is not None and active)
@@ -250,6 +287,13 @@ def _conditions(
                 REASON_BELOW_MIN_REPLICAS,
                 f"training paused: the lighthouse hears from {live} replica groups, fewer than minReplicas="
                 f"{spec.min_replicas}; no step commits until enough groups are back",
+            )
+        if lighthouse_down is not None:  # groups may run, but only the lighthouse forms a quorum
+            running_c = (
+                False,
+                REASON_LIGHTHOUSE_NOT_RUNNING,
+                f"no quorum is possible: {lighthouse_down}; {running} of {spec.total_groups} replica groups "
+                f"running (minReplicas={spec.min_replicas})",
             )
     want: dict[str, tuple[bool, str, str]] = {
         "Created": (True, "ResourcesCreated", "the lighthouse, Services and worker pods were created"),

@@ -62,10 +62,11 @@ def test_pods_mount_only_their_own_pair_read_only_and_speak_https():
         assert env[contract.ENV_TLS_KEY_FILE] == f"{builders.TLS_DIR}/{pki.WORKER_KEY}"
 
     lh = builders.lighthouse_pod(JOB, "ns", s, 0)["spec"]
-    (volume,) = lh["volumes"]
+    (volume,) = [v for v in lh["volumes"] if v["name"] == builders.TLS_VOLUME]
     assert [i["key"] for i in volume["secret"]["items"]] == [pki.CA_CERT, pki.LIGHTHOUSE_CERT, pki.LIGHTHOUSE_KEY]
     (container,) = lh["containers"]
-    assert container["volumeMounts"] == [{"name": builders.TLS_VOLUME, "mountPath": builders.TLS_DIR, "readOnly": True}]
+    tls_mounts = [m for m in container["volumeMounts"] if m["name"] == builders.TLS_VOLUME]
+    assert tls_mounts == [{"name": builders.TLS_VOLUME, "mountPath": builders.TLS_DIR, "readOnly": True}]
     assert container["ports"] == [{"name": "https", "containerPort": contract.LIGHTHOUSE_PORT}]
     assert env_of(container)[contract.ENV_TLS_CERT_FILE].endswith(pki.LIGHTHOUSE_CERT)
     assert pki.CA_KEY not in json.dumps([pod, lh]), "the CA's key is never mounted"
@@ -77,7 +78,8 @@ def test_tls_disabled_is_plain_http_without_any_tls_file():
     lh = builders.lighthouse_pod(JOB, "ns", s, 0)
     assert env_of(pod["spec"]["containers"][0])[contract.ENV_LIGHTHOUSE_URL].startswith("http://")
     assert lh["spec"]["containers"][0]["ports"][0]["name"] == "http"
-    assert "volumes" not in pod["spec"] and "volumes" not in lh["spec"]
+    assert "volumes" not in pod["spec"]
+    assert [v["name"] for v in lh["spec"]["volumes"]] == [builders.LIGHTHOUSE_SCRATCH_VOLUME], "no TLS volume"
     assert "FTJOB_TLS_" not in json.dumps([pod, lh])
     with pytest.raises(ValueError, match=r"spec.tls.enabled must be true or false"):
         spec(tls={"enabled": "no"})
