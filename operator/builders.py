@@ -18,14 +18,21 @@ from kubernetes.utils import parse_quantity
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Defaults a template may override. gloo otherwise binds to whatever the process hostname resolves to, which can be
-# loopback inside a pod (then peers in other pods cannot connect); the pod network interface is eth0.
-DEFAULT_ENV = ({"name": "GLOO_SOCKET_IFNAME", "value": "eth0"},)
+# loopback inside a pod (then peers in other pods cannot connect); the pod network interface is eth0. NCCL's
+# bootstrap picks its interface the same way, so it is pinned to eth0 too. With TORCH_NCCL_ASYNC_ERROR_HANDLING a
+# failed or timed-out NCCL collective tears its communicator down and raises in the rank: without it a rank can hang
+# in the collective for ever, and neither an abort from the lighthouse nor a collective timeout gets it out.
+DEFAULT_ENV = (
+    {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"},
+    {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+    {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+)
 THREADS_ENV = "OMP_NUM_THREADS"
 
 
-def cpu_threads_env(container: dict[str, Any]) -> list[dict[str, str]]:
+def cpu_threads_env(container: dict[str, Any], processes: int = 1) -> list[dict[str, str]]:
     """A default for the container's CPU threads (the caller drops it where the container sets its own): its CPU
-    limit, else its request, in whole cores (at least 1).
+    limit, else its request, in whole cores shared out between the ``processes`` ranks it runs (at least 1).
 
     torch (OpenMP) otherwise starts one thread per core of the node, whatever the container's CPU share: on a node
     shared by several ranks they spin against each other and against a replacement pod's start-up (a killed group of
@@ -42,7 +49,7 @@ def cpu_threads_env(container: dict[str, Any]) -> list[dict[str, str]]:
         cores = parse_quantity(cpu)
     except ValueError:
         return []
-    return [{"name": THREADS_ENV, "value": str(max(1, math.floor(cores)))}]
+    return [{"name": THREADS_ENV, "value": str(max(1, math.floor(cores / processes)))}]
 
 
 def common_labels(job: str, role: str) -> dict[str, str]:
@@ -177,9 +184,7 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         {"name": contract.ENV_RECOVERY_PORT, "value": str(contract.RECOVERY_PORT)},
         {"name": contract.ENV_CROSS_GROUP_STORE_PORT, "value": str(contract.CROSS_GROUP_STORE_PORT)},
         {"name": contract.ENV_METRICS_PORT, "value": str(contract.TRAINER_METRICS_PORT)},
-        {"name": contract.ENV_RANK, "value": str(rank)},
-        {"name": contract.ENV_WORLD_SIZE, "value": str(spec.pods_per_replica)},
-        {"name": contract.ENV_LOCAL_RANK, "value": "0"},
+        *_rank_env(spec, rank),
         master,
         {"name": contract.ENV_MASTER_PORT, "value": str(contract.GROUP_MASTER_PORT)},
         *integrity_env(spec, group),
@@ -189,15 +194,20 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         env += tls_env
         pod_spec["volumes"] = [v for v in pod_spec.get("volumes") or [] if v.get("name") != TLS_VOLUME] + [tls_volume]
     ours = {e["name"] for e in env}
-    for container in pod_spec.get("containers") or []:
+    if spec.ranks_per_pod > 1:  # the supervisor sets these per rank: a template's value would only mislead
+        ours |= {contract.ENV_RANK, contract.ENV_LOCAL_RANK}
+        _supervise(pod_spec.get("containers") or [])
+    for i, container in enumerate(pod_spec.get("containers") or []):
         user_env = [e for e in container.get("env") or [] if e.get("name") not in ours]
         user_names = {e.get("name") for e in user_env}
-        defaults = [d for d in (*DEFAULT_ENV, *cpu_threads_env(container)) if d["name"] not in user_names]
+        processes = spec.ranks_per_pod if i == 0 else 1  # the first container runs every rank of the pod
+        threads = cpu_threads_env(container, processes)
+        defaults = [d for d in (*DEFAULT_ENV, *threads) if d["name"] not in user_names]
         container["env"] = user_env + defaults + env  # ours win: the contract must hold whatever the template says
         if spec.tls.enabled:  # every container gets the env, so every one gets the files it names
             mounts = container.get("volumeMounts") or []
             container["volumeMounts"] = [m for m in mounts if m.get("mountPath") != TLS_DIR] + [tls_mount]
-    _add_metrics_port(pod_spec.get("containers") or [])
+    _add_metrics_ports(pod_spec.get("containers") or [], spec.ranks_per_pod)
     for container in (pod_spec.get("initContainers") or []) + (pod_spec.get("containers") or []):
         if container.get("resources"):
             container["resources"] = quantities_as_strings(container["resources"])
@@ -223,16 +233,55 @@ def integrity_env(spec: JobSpec, group: GroupState) -> list[dict[str, str]]:
     ]
 
 
-def _add_metrics_port(containers: list[dict[str, Any]]) -> None:
-    """The trainer's /metrics port, named for the chart's PodMonitor, on the first (the training) container. Port
-    names are unique per pod: a template that already declares it keeps its own."""
-    declared = [p for c in containers for p in c.get("ports") or []]
-    if not containers or any(
-        p.get("name") == "metrics" or p.get("containerPort") == contract.TRAINER_METRICS_PORT for p in declared
-    ):
+def _rank_env(spec: JobSpec, pod_rank: int) -> list[dict[str, str]]:
+    """torch.distributed's names for the group's rendezvous and the pod's place in the group. With one rank per pod
+    the pod is the rank (RANK, LOCAL_RANK set here); with several the in-pod supervisor sets RANK = POD_RANK x
+    RANKS_PER_POD + LOCAL_RANK and LOCAL_RANK for each rank process it starts."""
+    ranks = spec.ranks_per_pod
+    env = [{"name": contract.ENV_RANK, "value": str(pod_rank)}] if ranks == 1 else []
+    env.append({"name": contract.ENV_WORLD_SIZE, "value": str(spec.ranks_per_group)})
+    if ranks == 1:
+        env.append({"name": contract.ENV_LOCAL_RANK, "value": "0"})
+    return [
+        *env,
+        {"name": contract.ENV_LOCAL_WORLD_SIZE, "value": str(ranks)},
+        {"name": contract.ENV_RANKS_PER_POD, "value": str(ranks)},
+        {"name": contract.ENV_POD_RANK, "value": str(pod_rank)},
+    ]
+
+
+SUPERVISE = ("ftjob-trainer", "supervise")  # the in-pod supervisor of a pod with several ranks (ranksPerPod)
+
+
+def _supervise(containers: list[dict[str, Any]]) -> None:
+    """Run the first (the training) container's command under the in-pod supervisor, which starts one process of
+    it per local rank. Its args stay where they are: Kubernetes appends them to the command, after the supervisor's
+    `--`. A command that already starts the supervisor is left alone (wrapped twice it would start N x N ranks)."""
+    command = list((containers[0] if containers else {}).get("command") or [])
+    if not command:  # JobSpec refuses this; an image's ENTRYPOINT is not in the pod spec to be wrapped
+        raise ValueError("spec.ranksPerPod > 1 needs spec.template.spec.containers[0].command")
+    if tuple(command[: len(SUPERVISE)]) != SUPERVISE:
+        containers[0]["command"] = [*SUPERVISE, "--", *command]
+
+
+def _add_metrics_ports(containers: list[dict[str, Any]], ranks_per_pod: int) -> None:
+    """Every local rank's /metrics port, on the first (the training) container: `metrics` for local rank 0 and
+    `metrics-<k>` for local rank k, named for the chart's PodMonitor. Each rank process has its own registry and
+    port, so each is scraped on its own (a dead rank's series goes stale instead of hiding in a pod-wide sum). Port
+    names and numbers are unique per pod: one the template already declares keeps its own."""
+    if not containers:
         return
-    port = {"name": "metrics", "containerPort": contract.TRAINER_METRICS_PORT}
-    containers[0]["ports"] = [*(containers[0].get("ports") or []), port]
+    declared = [p for c in containers for p in c.get("ports") or []]
+    names_taken = {p.get("name") for p in declared}
+    numbers_taken = {p.get("containerPort") for p in declared}
+    ports = []
+    for k in range(ranks_per_pod):
+        name = "metrics" if k == 0 else f"metrics-{k}"
+        number = contract.rank_port(contract.TRAINER_METRICS_PORT, k)
+        if name not in names_taken and number not in numbers_taken:
+            ports.append({"name": name, "containerPort": number})
+    if ports:
+        containers[0]["ports"] = [*(containers[0].get("ports") or []), *ports]
 
 
 def _avoid_node(affinity: dict[str, Any] | None, node: str, required: bool) -> dict[str, Any]:

@@ -187,11 +187,17 @@ class JobSpec:
     node_health: NodeHealthPolicy = field(default_factory=NodeHealthPolicy)
     integrity: IntegritySpec = field(default_factory=IntegritySpec)
     tls: TlsSpec = field(default_factory=TlsSpec)
+    ranks_per_pod: int = 1  # rank processes in each pod (one per GPU), started by `ftjob-trainer supervise`
 
     @property
     def total_groups(self) -> int:
         """Contributing groups plus warm spares: the groups that get pods."""
         return self.replicas + self.spare_replicas
+
+    @property
+    def ranks_per_group(self) -> int:
+        """The ranks of one replica group: its torch.distributed WORLD_SIZE (podsPerReplica x ranksPerPod)."""
+        return self.pods_per_replica * self.ranks_per_pod
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
@@ -231,7 +237,26 @@ class JobSpec:
             node_health=NodeHealthPolicy.from_dict(spec.get("nodeHealth")),
             integrity=IntegritySpec.from_dict(spec.get("integrity")),
             tls=TlsSpec.from_dict(spec.get("tls")),
+            ranks_per_pod=_ranks_per_pod(spec),
         )
+
+
+def _ranks_per_pod(spec: dict[str, Any]) -> int:
+    """spec.ranksPerPod, checked as the CRD does (an older CRD let any value in): at most
+    contract.MAX_RANKS_PER_POD, the local ranks the per-rank ports (contract.rank_port) are laid out for; above 1
+    the first container must name its command, which the operator runs under the in-pod supervisor (an image's
+    ENTRYPOINT is not in the pod spec, so there is nothing to wrap)."""
+    value = spec.get("ranksPerPod", 1)
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= contract.MAX_RANKS_PER_POD
+    if not ok:
+        raise ValueError(f"spec.ranksPerPod must be an integer in 1..{contract.MAX_RANKS_PER_POD}, got {value!r}")
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}]
+    if value > 1 and not containers[0].get("command"):
+        raise ValueError(
+            "spec.ranksPerPod > 1 needs spec.template.spec.containers[0].command: the operator runs it under "
+            "`ftjob-trainer supervise`, which cannot wrap an image's ENTRYPOINT"
+        )
+    return value
 
 
 # --- what the operator remembers (round-trips through .status) ----------------------------------------------------

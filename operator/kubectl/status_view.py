@@ -61,6 +61,7 @@ def header(job: dict[str, Any], now: float) -> list[str]:
     if spec.get("spareReplicas"):
         want += f", spares {spec['spareReplicas']}"
     lines.append(f"Groups:    ready {_s(status.get('ready'))}   ({want})")
+    lines.append(shape_line(spec))
     by_reason = status.get("restartsByReason") or {}
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(by_reason.items(), key=lambda kv: -int(kv[1] or 0)) if v)
     lines.append(f"Restarts:  {_s(status.get('totalRestarts'))}" + (f"   ({reasons})" if reasons else ""))
@@ -70,6 +71,23 @@ def header(job: dict[str, Any], now: float) -> list[str]:
     if status.get("integrity"):
         lines.append(integrity_line(status["integrity"]))
     return lines
+
+
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s") if isinstance(n, int) else f"{DASH} {noun}s"
+
+
+def shape_line(spec: dict[str, Any]) -> str:
+    """The job's shape: groups (contributing + spare) x pods per group x ranks per pod, and a group's world size
+    (the ranks that share one sharded state)."""
+    replicas = spec.get("replicas")
+    groups = replicas + (spec.get("spareReplicas") or 0) if isinstance(replicas, int) else None
+    pods = spec.get("podsPerReplica", 1)
+    ranks = spec.get("ranksPerPod", 1)
+    line = f"Shape:     {_count(groups, 'group')} x {_count(pods, 'pod')} x {_count(ranks, 'rank')}"
+    if isinstance(pods, int) and isinstance(ranks, int):
+        line += f"   ({_count(pods * ranks, 'rank')} per group)"
+    return line
 
 
 def integrity_line(integrity: dict[str, Any]) -> str:

@@ -37,11 +37,32 @@ def _no_image(m: dict[str, Any]) -> None:
     m["spec"]["template"]["spec"]["containers"][0].pop("image")
 
 
+def _ranks(n: int, gpus: int | str | None = None, command: bool = True) -> Mutation:
+    """spec.ranksPerPod n; the first container's nvidia.com/gpu limit, and without its command when asked."""
+
+    def apply(m: dict[str, Any]) -> None:
+        m["spec"]["ranksPerPod"] = n
+        container = m["spec"]["template"]["spec"]["containers"][0]
+        if gpus is not None:
+            container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+        if not command:
+            container.pop("command")
+
+    return apply
+
+
 INVALID: list[tuple[str, Mutation, list[str]]] = [
     ("min-above-replicas", _set("spec.minReplicas", 5), ["spec.minReplicas", "must be <= spec.replicas"]),
     ("zero-replicas", _set("spec.replicas", 0), ["spec.replicas", "greater than or equal to 1"]),
     ("negative-spares", _set("spec.spareReplicas", -1), ["spec.spareReplicas", "greater than or equal to 0"]),
     ("zero-pods-per-replica", _set("spec.podsPerReplica", 0), ["spec.podsPerReplica"]),
+    ("ranks-per-pod-without-command", _ranks(2, command=False),
+     ["spec.ranksPerPod", "needs spec.template.spec.containers[0].command", "ENTRYPOINT"]),
+    ("gpus-not-a-multiple-of-ranks", _ranks(2, gpus=3), ["spec.ranksPerPod", "multiple of spec.ranksPerPod",
+                                                          "one GPU per rank"]),
+    ("gpus-as-string-not-a-multiple", _ranks(8, gpus="4"), ["one GPU per rank"]),
+    ("ranks-per-pod-above-16", _ranks(17), ["spec.ranksPerPod", "less than or equal to 16"]),
+    ("zero-ranks-per-pod", _ranks(0), ["spec.ranksPerPod", "greater than or equal to 1"]),
     ("no-containers", _drop_containers, ["spec.template.spec.containers", "at least one container"]),
     ("container-without-image", _no_image, ["needs a non-empty image"]),
     ("container-name-uppercase", _set("spec.template.spec.containers.0.name", "Trainer"),
@@ -111,6 +132,20 @@ def test_defaults_are_applied_and_pods_per_replica_is_immutable(kube, crd, names
         patch_job(kube.custom, namespace, "ok", {"spec": {"podsPerReplica": 4}})
     assert err.value.status == 422 and "spec.podsPerReplica is immutable" in json.loads(err.value.body)["message"]
     patch_job(kube.custom, namespace, "ok", {"spec": {"replicas": 3}})  # other fields stay editable
+    assert spec["ranksPerPod"] == 1
+
+
+def test_ranks_per_pod_with_a_gpu_each_is_accepted_and_immutable(kube, crd, namespace):
+    manifest = job_manifest("hsdp")
+    _ranks(8, gpus=8)(manifest)
+    # a sidecar with no GPU and unquoted fractional quantities (the Pod API takes them) pass too
+    manifest["spec"]["template"]["spec"]["containers"].append(
+        {"name": "side", "image": "busybox", "resources": {"limits": {"cpu": 0.5}}}
+    )
+    assert create_job(kube.custom, namespace, manifest)["spec"]["ranksPerPod"] == 8
+    with pytest.raises(client.ApiException) as err:
+        patch_job(kube.custom, namespace, "hsdp", {"spec": {"ranksPerPod": 4}})
+    assert err.value.status == 422 and "spec.ranksPerPod is immutable" in json.loads(err.value.body)["message"]
 
 
 @pytest.mark.parametrize("example", sorted((REPO / "crds" / "examples").glob("*.yaml")), ids=lambda p: p.stem)

@@ -4,6 +4,7 @@ chart give pods the port and a PodMonitor."""
 
 from __future__ import annotations
 
+import re
 import sys
 import urllib.request
 from pathlib import Path
@@ -205,8 +206,21 @@ def test_chart_podmonitor_selects_job_pods_in_every_namespace():
     assert expr["key"] == contract.LABEL_ROLE and expr["operator"] == "In"
     assert set(expr["values"]) == {contract.ROLE_WORKER, contract.ROLE_LIGHTHOUSE}
     assert spec["podTargetLabels"] == [contract.LABEL_JOB, contract.LABEL_GROUP, contract.LABEL_RANK]
-    assert [(e["port"], e["path"], e.get("scheme", "http")) for e in spec["podMetricsEndpoints"]] == [
-        ("metrics", "/metrics", "http"),
+    assert [(e.get("port"), e["path"], e.get("scheme", "http")) for e in spec["podMetricsEndpoints"]] == [
+        (None, "/metrics", "http"),  # every rank's port of a worker pod, chosen by the relabelings below
         ("http", "/metrics", "http"),  # a lighthouse with spec.tls.enabled=false
         ("https", "/metrics", "https"),  # a TLS lighthouse (the default): its port is named https
     ]
+    keep, *labels = spec["podMetricsEndpoints"][0]["relabelings"]
+    assert keep["action"] == "keep" and keep["sourceLabels"] == ["__meta_kubernetes_pod_container_port_name"]
+    # Prometheus anchors the regex: each local rank's port is kept (ranksPerPod), nothing else of the pod is
+    kept = re.compile(f"^(?:{keep['regex']})$")
+    for k in range(contract.MAX_RANKS_PER_POD):
+        assert kept.match("metrics" if k == 0 else f"metrics-{k}")
+    assert not any(kept.match(name) for name in ("http", "https", "metrics-", "metricsx", "dbg"))
+    local_rank = {}
+    for name in ("metrics", "metrics-3"):  # the local_rank label, as Prometheus's replace action computes it
+        for r in labels:
+            if m := re.fullmatch(r["regex"], name):
+                local_rank[name] = m.expand(r["replacement"].replace("$1", r"\1"))
+    assert local_rank == {"metrics": "0", "metrics-3": "3"}
