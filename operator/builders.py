@@ -365,7 +365,13 @@ def _lighthouse_placement(spec: JobSpec) -> dict[str, Any]:
 
 
 def lighthouse_pod(
-    job: str, namespace: str, spec: JobSpec, generation: int, restore_quorum_id: int = 0, restore_step: int = 0
+    job: str,
+    namespace: str,
+    spec: JobSpec,
+    generation: int,
+    restore_quorum_id: int = 0,
+    restore_step: int = 0,
+    restore_window_s: float | None = None,
 ) -> dict[str, Any]:
     """The lighthouse pod. A replacement (the previous one was lost) starts from the last quorum id and committed
     step the operator saw, so ids keep increasing and no quorum restarts below a step the groups committed. It
@@ -395,6 +401,8 @@ def lighthouse_pod(
             {"name": contract.ENV_RESTORE_QUORUM_ID, "value": str(restore_quorum_id)},
             {"name": contract.ENV_RESTORE_STEP, "value": str(restore_step)},
         ]
+        if restore_window_s is not None:
+            env.append({"name": contract.ENV_RESTORE_WINDOW_S, "value": f"{restore_window_s:g}"})
     volumes: list[dict[str, Any]] = []
     if spec.tls.enabled:  # it serves TLS only, with the lighthouse pair (the CA for symmetry: never the CA's key)
         tls_volume, tls_mount, tls_env = _tls_files(job, pki.LIGHTHOUSE_CERT, pki.LIGHTHOUSE_KEY)

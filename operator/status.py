@@ -75,6 +75,7 @@ def state_from_status(status: dict[str, Any] | None) -> JobState:
 
 
 REASON_BELOW_MIN_REPLICAS = "BelowMinReplicas"
+REASON_RESTORED = "Restored"  # the whole job went on from an older checkpoint (or step 0)
 REASON_LIGHTHOUSE_NOT_RUNNING = "LighthouseNotRunning"
 
 
@@ -210,13 +211,26 @@ def build_status(
             status[key] = value
     if stuck is not None:
         status["reason"] = stuck.reason  # why it is stuck, in one word (a printer column of `kubectl get ftj`)
+    restored = _restored(lighthouse, previous, now)
+    if restored:
+        status["restored"] = restored
     if lighthouse is not None and lighthouse.quorum_id is not None:
-        status["quorum"] = monotonic_quorum(
-            {"id": lighthouse.quorum_id, "size": lighthouse.quorum_size, "step": lighthouse.step}, previous
-        )
+        seen = {"id": lighthouse.quorum_id, "size": lighthouse.quorum_size, "step": lighthouse.step}
+        status["quorum"] = monotonic_quorum(seen, previous, step_from=restored.get("quorumId"))
     elif previous and previous.get("quorum"):
         status["quorum"] = previous["quorum"]  # keep the last known quorum (e.g. after the lighthouse stopped)
     return status
+
+
+def _restored(lighthouse: LighthouseView | None, previous: dict[str, Any] | None, now: float) -> dict[str, Any]:
+    """`.status.restored`: the lighthouse's newest restore below the committed step, kept once seen (a replacement
+    lighthouse knows nothing of its predecessor's)."""
+    before = dict((previous or {}).get("restored") or {})
+    event = lighthouse.last_restore if lighthouse is not None else None
+    if event is None or event.quorum_id <= int(before.get("quorumId") or 0):
+        return before
+    return {"quorumId": event.quorum_id, "fromStep": event.from_step, "toStep": event.to_step,
+            "time": format_time(now)}  # fmt: skip
 
 
 def status_events(before: dict[str, Any] | None, status: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -230,15 +244,33 @@ def status_events(before: dict[str, Any] | None, status: dict[str, Any]) -> list
     was = next((c for c in (before or {}).get("conditions", []) if c["type"] == "Running"), {})
     if running["reason"] == REASON_BELOW_MIN_REPLICAS and was.get("reason") != REASON_BELOW_MIN_REPLICAS:
         out.append(("Warning", REASON_BELOW_MIN_REPLICAS, running["message"]))
+    restored = status.get("restored") or {}
+    if restored and restored.get("quorumId") != ((before or {}).get("restored") or {}).get("quorumId"):
+        out.append(("Warning", REASON_RESTORED, restored_message(restored)))
     return out
 
 
-def monotonic_quorum(seen: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+def restored_message(restored: dict[str, Any]) -> str:
+    """What a restore means for the user: where training went on from, and how much work is trained again."""
+    frm, to = int(restored["fromStep"]), int(restored["toStep"])
+    where = f"from a checkpoint of step {to}" if to > 0 else "from step 0: no group brought back a checkpoint"
+    return (f"every replica group holding committed step {frm} was lost; training resumed {where} "
+            f"({frm - to} committed steps are trained again)")  # fmt: skip
+
+
+def monotonic_quorum(seen: dict[str, Any], previous: dict[str, Any] | None, step_from: int | None = None
+                     ) -> dict[str, Any]:  # fmt: skip
     """The quorum as reported: id and committed step never go below what status said before (a replacement
-    lighthouse starts lower and catches up from the groups' own reports within seconds)."""
+    lighthouse starts lower and catches up from the groups' own reports within seconds). The one exception is a
+    restore (the whole job went on from an older checkpoint at quorum ``step_from``): from that quorum on, the step
+    is the lighthouse's again, so that a later replacement lighthouse is not told to wait for a step nobody holds."""
     before = (previous or {}).get("quorum") or {}
+    restoring = step_from is not None and isinstance(seen.get("id"), int) and seen["id"] >= step_from
+    restoring = restoring and step_from != ((previous or {}).get("restored") or {}).get("quorumId")
     out = dict(seen)
     for key in ("id", "step"):
+        if key == "step" and restoring:
+            continue
         if isinstance(before.get(key), int) and (out.get(key) is None or before[key] > out[key]):
             out[key] = before[key]
     return out

@@ -238,9 +238,12 @@ class JobWorker(JobLighthouse):
             creates.append((group, self.kube.create(pod)))
         if a.create_lighthouse is not None:
             quorum_id, step = self._last_quorum()
-            if not any(phase in SURVIVOR_PHASES for phase in result.group_phases.values()):
-                step = 0  # no group kept the committed state: waiting for one would only stall the restart
-            manifest = builders.lighthouse_pod(self.name, self.namespace, spec, a.create_lighthouse, quorum_id, step)
+            # No group kept the committed state: the new lighthouse must not wait for one, but it still learns the
+            # step, so that going on below it is a restore that status, Events and goodput report.
+            survivors = any(phase in SURVIVOR_PHASES for phase in result.group_phases.values())
+            window = None if survivors else 0.0
+            manifest = builders.lighthouse_pod(self.name, self.namespace, spec, a.create_lighthouse, quorum_id, step,
+                                               window)  # fmt: skip
             creates.append((LIGHTHOUSE, self.kube.create(self._owned(manifest))))
         if not deletes and not creates:
             return False

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 from ftjob import contract
-from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, StatusResponse
+from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, RestoredEvent, StatusResponse
 from ftjob.operator import builders
 from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import GroupState, JobSpec, PodView
 from ftjob.operator.plan import Observed, plan
 from ftjob.operator.settings import parse
-from ftjob.operator.status import build_status, state_from_status
+from ftjob.operator.status import build_status, state_from_status, status_events
 from podfactory import JOB, healthy_job, spec, worker
 
 NOW = 2_000_000.0
@@ -220,3 +220,45 @@ def test_cli_settings_and_clear_errors(capsys):
     with pytest.raises(SystemExit):
         parse(["--health-port", "70000"])
     assert "--health-port must be between 0 and 65535" in capsys.readouterr().err
+
+
+def test_a_restore_lowers_the_reported_step_once_and_says_so_in_an_event():
+    s = spec()
+    r = plan(JOB, s, state_from_status(None), Observed(healthy_job(s), None, set(), NOW))
+    pods = healthy_job(s)
+
+    def view(quorum_id: int, step: int, restore: RestoredEvent | None = None) -> LighthouseView:
+        return LighthouseView.from_status(
+            StatusResponse(quorum_id=quorum_id, max_step=step, abort_below=0, min_replicas=1, quorum_groups=["0"],
+                           members=[], starting=[], blocked_reason="", history=[], last_restore=restore)
+        )  # fmt: skip
+
+    def build(lh: LighthouseView, previous: dict | None) -> dict:
+        return build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases, pods=pods, lighthouse=lh,
+                            previous=previous, generation=1, now=NOW)  # fmt: skip
+
+    before = build(view(7, 183), None)
+    assert before["quorum"]["step"] == 183 and "restored" not in before
+    restore = RestoredEvent(time=5.0, quorum_id=8, from_step=183, to_step=150)
+    after = build(view(8, 150, restore), before)
+    assert after["quorum"]["step"] == 150 and after["restored"]["fromStep"] == 183
+    events = status_events(before, after)
+    assert [(t, reason) for t, reason, _ in events] == [("Warning", "Restored")]
+    assert "checkpoint of step 150" in events[0][2] and "33 committed steps" in events[0][2]
+    # from then on the floor holds again: a replacement lighthouse catching up does not lower it, nor re-announce
+    blank = build(view(8, 0), after)
+    assert blank["quorum"]["step"] == 150 and blank["restored"] == after["restored"]
+    assert status_events(after, blank) == []
+    assert view(8, 150, restore).replaying and not view(9, 183, restore).replaying
+    lost = build(view(12, 0, RestoredEvent(time=9.0, quorum_id=12, from_step=150, to_step=0)), after)
+    assert "from step 0: no group brought back a checkpoint" in status_events(after, lost)[0][2]
+
+
+def test_a_replacement_lighthouse_without_survivors_learns_the_step_but_does_not_wait_for_it():
+    def env(pod: dict) -> dict:
+        return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+    waits = env(builders.lighthouse_pod(JOB, "ns", spec(), 2, 7, 183))
+    assert waits[contract.ENV_RESTORE_STEP] == "183" and contract.ENV_RESTORE_WINDOW_S not in waits
+    no_wait = env(builders.lighthouse_pod(JOB, "ns", spec(), 2, 7, 183, restore_window_s=0.0))
+    assert no_wait[contract.ENV_RESTORE_STEP] == "183" and no_wait[contract.ENV_RESTORE_WINDOW_S] == "0"
