@@ -5,6 +5,8 @@ ftjob-trainer train [...]        one rank of one replica group (flags override t
 ftjob-trainer launch [...] [-- COMMAND...]
                                  a whole job as local processes running COMMAND (default: the reference trainer),
                                  with fault injection and a report
+ftjob-trainer supervise [--ranks N] -- COMMAND...
+                                 a pod's N rank processes of COMMAND, one per GPU (ftjob.launch.supervisor)
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
         from ftjob.lighthouse.cli import main as lighthouse_main
 
         return int(lighthouse_main(argv[1:]) or 0)
+    if argv and argv[0] == "supervise":  # PID 1 of a pod: dispatched before anything imports torch
+        from ftjob.launch.supervisor import main as supervise_main
+
+        return supervise_main(argv[1:])
 
     parser = argparse.ArgumentParser(
         prog="ftjob-trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -27,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("lighthouse", help="run the job's lighthouse (see `ftjob-trainer lighthouse --help`)")
     train_p = sub.add_parser("train", help="train as one rank of one replica group")
     launch_p = sub.add_parser("launch", help="run lighthouse + groups locally, inject faults, report")
+    sub.add_parser("supervise", help="run a pod's ranks (see `ftjob-trainer supervise --help`)")
 
     from ftjob.gpt.config import add_train_flags
     from ftjob.launch.config import add_launch_flags, split_command
