@@ -19,13 +19,14 @@ from kubernetes.utils import parse_quantity
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 # Defaults a template may override. gloo otherwise binds to whatever the process hostname resolves to, which can be
 # loopback inside a pod (then peers in other pods cannot connect); the pod network interface is eth0. NCCL's
-# bootstrap picks its interface the same way, so it is pinned to eth0 too. With TORCH_NCCL_ASYNC_ERROR_HANDLING a
-# failed or timed-out NCCL collective tears its communicator down and raises in the rank: without it a rank can hang
-# in the collective for ever, and neither an abort from the lighthouse nor a collective timeout gets it out.
+# bootstrap picks its interface the same way, so it is pinned to eth0 too. TORCH_NCCL_ASYNC_ERROR_HANDLING=2
+# (CleanUpOnly): NCCL's watchdog aborts the communicator of a failed or timed-out collective and the error raises in
+# the rank, which ftjob turns into a failed step; torch's default (3) and 1 would also kill the process, so a
+# surviving group would die with its peer, and 0 can leave a rank hanging in the collective for ever.
 DEFAULT_ENV = (
     {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"},
     {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
-    {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+    {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "2"},
 )
 THREADS_ENV = "OMP_NUM_THREADS"
 

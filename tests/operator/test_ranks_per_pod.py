@@ -36,7 +36,7 @@ def test_one_rank_per_pod_keeps_the_env_it_had_and_adds_the_pod_rank_names():
     assert env_list(pod) == [
         {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"},
         {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
-        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "2"},
         {"name": "OMP_NUM_THREADS", "value": "4"},
         {"name": "FTJOB_JOB_NAME", "value": "demo"},
         {"name": "FTJOB_NAMESPACE", "value": "ns"},
