@@ -67,10 +67,20 @@ def header(job: dict[str, Any], now: float) -> list[str]:
     lines.append(f"Restarts:  {_s(status.get('totalRestarts'))}" + (f"   ({reasons})" if reasons else ""))
     q = status.get("quorum") or {}
     lines.append(f"Quorum:    id {_s(q.get('id'))}   size {_s(q.get('size'))}   committed step {_s(q.get('step'))}")
+    if status.get("restored"):
+        lines.append(restored_line(status["restored"]))
     lines.append(goodput_line(status.get("goodput")))
     if status.get("integrity"):
         lines.append(integrity_line(status["integrity"]))
     return lines
+
+
+def restored_line(restored: dict[str, Any]) -> str:
+    """The newest whole-job restore: the step lost, the step training went on from, and when."""
+    frm, to = restored.get("fromStep"), restored.get("toStep")
+    source = "step 0 (no checkpoint)" if to == 0 else f"checkpoint of step {_s(to)}"
+    lost = f"{frm - to} steps trained again" if isinstance(frm, int) and isinstance(to, int) else "?"
+    return f"Restored:  from {source} after losing step {_s(frm)} ({lost}) at {_s(restored.get('time'))}"
 
 
 def _count(n: Any, noun: str) -> str:

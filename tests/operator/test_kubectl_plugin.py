@@ -271,3 +271,13 @@ def test_timeline_and_events_commands(kubeconfig: Path, tmp_path: Path, capsys: 
     assert cli.main(["--kubeconfig", str(kubeconfig), "events", "tiny", "-n", "team-a", "--failures"]) == 0
     out = capsys.readouterr().out
     assert "GroupRestart" in out and "ScaledUp" not in out
+
+
+def test_status_says_when_the_whole_job_was_restored() -> None:
+    job = canned_job()
+    job["status"]["restored"] = {"quorumId": 9, "fromStep": 183, "toStep": 150, "time": "2026-12-07T09:00:00Z"}
+    out = status_view.render(job, [], NOW)
+    assert "Restored:  from checkpoint of step 150 after losing step 183 (33 steps trained again)" in out
+    job["status"]["restored"] = {"quorumId": 9, "fromStep": 40, "toStep": 0, "time": "2026-12-07T09:00:00Z"}
+    assert "from step 0 (no checkpoint)" in status_view.render(job, [], NOW)
+    assert "Restored:" not in status_view.render(canned_job(), [], NOW)
