@@ -58,10 +58,21 @@ def common_labels(job: str, role: str) -> dict[str, str]:
 
 
 def token_secret(job: str, namespace: str) -> dict[str, Any]:
+    """The job's worker token (a new random one on every call: the caller creates the Secret once)."""
+    return _random_token_secret(names.token_secret(job), namespace, common_labels(job, "token"))
+
+
+def operator_token_secret(job: str, namespace: str) -> dict[str, Any]:
+    """The operator's token for the job's lighthouse: a second random token, so that no worker pod -- each holds the
+    worker token -- can call the membership API (ftjob.lighthouse.auth); only the lighthouse pod mounts it."""
+    return _random_token_secret(names.operator_token_secret(job), namespace, common_labels(job, "operator-token"))
+
+
+def _random_token_secret(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": names.token_secret(job), "namespace": namespace, "labels": common_labels(job, "token")},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "type": "Opaque",
         "stringData": {contract.TOKEN_SECRET_KEY: secrets.token_urlsafe(32)},
     }
@@ -134,6 +145,12 @@ def lighthouse_url(job: str, namespace: str, tls: bool = True) -> str:
 def _token_env(job: str) -> dict[str, Any]:
     ref = {"name": names.token_secret(job), "key": contract.TOKEN_SECRET_KEY}
     return {"name": contract.ENV_TOKEN, "valueFrom": {"secretKeyRef": ref}}
+
+
+def _operator_token_env(job: str) -> dict[str, Any]:
+    """The lighthouse pod's only: never on a worker pod, whose code could then act as the operator."""
+    ref = {"name": names.operator_token_secret(job), "key": contract.TOKEN_SECRET_KEY}
+    return {"name": contract.ENV_OPERATOR_TOKEN, "valueFrom": {"secretKeyRef": ref}}
 
 
 def _pod_ip_env(name: str) -> dict[str, Any]:
@@ -393,6 +410,7 @@ def lighthouse_pod(
         {"name": contract.ENV_JOB_NAME, "value": job},
         {"name": contract.ENV_NAMESPACE, "value": namespace},
         _token_env(job),
+        _operator_token_env(job),
         # the eviction rule of the gradient guard (the lighthouse tallies the offences the trainers report)
         {"name": contract.ENV_GUARD_MAX_OFFENCES, "value": str(spec.integrity.max_offences)},
         {"name": contract.ENV_GUARD_WINDOW_S, "value": f"{spec.integrity.window_s:g}"},

@@ -25,14 +25,14 @@ RETRY_S = 0.5
 
 
 class JobLighthouse:
-    """The lighthouse side of JobWorker: its state here, the rest (job, token, CA, Events) the worker's."""
+    """The lighthouse side of JobWorker: its state here, the rest (job, operator token, CA, Events) the worker's."""
 
     namespace: str
     name: str
     body: dict[str, Any]
     lighthouse: LighthouseClient
     state: JobState | None
-    token: str | None
+    operator_token: str | None  # the operator's own token for the lighthouse (never the workers')
     lh_tls: ssl.SSLContext | None
     audit: AuditMirror
 
@@ -71,13 +71,15 @@ class JobLighthouse:
         return self.silence.silent(self.lh_view, self.lh_view_at, self.state, spec.lighthouse.heartbeat_timeout_s, now)
 
     async def _poll_lighthouse(self, pods: list[PodView], now: float, force: bool = False) -> None:
-        if self.state is None or self.token is None or (not force and now - self.lh_polled < LIGHTHOUSE_POLL_S):
+        if self.state is None or self.operator_token is None:
+            return
+        if not force and now - self.lh_polled < LIGHTHOUSE_POLL_S:
             return
         base = self._lighthouse_base(pods, self.state)
         if base is None:
             return
         self.lh_polled = now
-        view = await self.lighthouse.status(base, self.token)
+        view = await self.lighthouse.status(base, self.operator_token)
         metrics.LIGHTHOUSE_CALLS.labels("status", "ok" if view else "error").inc()
         if view is not None:
             if base != self.lh_polled_base:  # a new lighthouse: every group must be seen joining it again
@@ -89,12 +91,12 @@ class JobLighthouse:
             await self.audit.mirror(self.body, view.audit, self.state.lighthouse_generation)
 
     async def _evict(self, base: LighthouseEndpoint | None, a: Actions) -> None:
-        if base is None or self.token is None:
+        if base is None or self.operator_token is None:
             log.info("%s/%s: lighthouse not reachable for eviction of %s", self.namespace, self.name, a.evict)
             return
         # One call per group: the lighthouse rejects a whole request naming a group it never saw (404).
         results = await asyncio.gather(
-            *(self.lighthouse.evict(base, self.token, [group], reason) for group, reason in a.evict)
+            *(self.lighthouse.evict(base, self.operator_token, [group], reason) for group, reason in a.evict)
         )
         for (group, reason), ok in zip(a.evict, results, strict=True):
             metrics.LIGHTHOUSE_CALLS.labels("evict", "ok" if ok else "error").inc()
@@ -105,8 +107,8 @@ class JobLighthouse:
     async def _handover(self, base: LighthouseEndpoint | None, handover: list[tuple[int, str]]) -> None:
         """Before a migrating group's replacement starts: its old generation is to leave at a step boundary."""
         for group, reason in handover:
-            ok = base is not None and self.token is not None
-            ok = ok and await self.lighthouse.handover(base, self.token, [group], reason[:500])
+            ok = base is not None and self.operator_token is not None
+            ok = ok and await self.lighthouse.handover(base, self.operator_token, [group], reason[:500])
             metrics.LIGHTHOUSE_CALLS.labels("handover", "ok" if ok else "error").inc()
             if not ok:  # the replacement still takes over, only less smoothly (the lighthouse drops the old one)
                 log.warning("%s/%s: lighthouse not told of group %s's hand-over", self.namespace, self.name, group)
@@ -117,7 +119,7 @@ class JobLighthouse:
         if state.outcome is not None:
             self.pending_starting.clear()
             return False
-        if base is None or self.token is None:
+        if base is None or self.operator_token is None:
             return bool(self.pending_starting) or self.desired_acked is None
         if time.monotonic() < self.lh_retry_at:
             return True  # a pod event woke us; do not hammer a lighthouse that is still starting
@@ -125,7 +127,7 @@ class JobLighthouse:
         retry = False
         key = (base, spec.replicas, spec.total_groups)
         if self.desired_acked != key:
-            ok = await self.lighthouse.desired(base, self.token, spec.replicas, spec.total_groups)
+            ok = await self.lighthouse.desired(base, self.operator_token, spec.replicas, spec.total_groups)
             metrics.LIGHTHOUSE_CALLS.labels("desired", "ok" if ok else "error").inc()
             if ok:
                 self.desired_acked = key
@@ -135,7 +137,7 @@ class JobLighthouse:
             retry = retry or not ok
         pending = sorted(g for g in self.pending_starting if g in state.groups)
         if pending:
-            ok = await self.lighthouse.starting(base, self.token, pending)
+            ok = await self.lighthouse.starting(base, self.operator_token, pending)
             metrics.LIGHTHOUSE_CALLS.labels("starting", "ok" if ok else "error").inc()
             if ok:
                 self.pending_starting.difference_update(pending)

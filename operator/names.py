@@ -23,7 +23,13 @@ def lighthouse_service(job: str) -> str:
 
 
 def token_secret(job: str) -> str:
+    """The job's worker token: mounted in every pod of the job, it authorises the replica groups' lighthouse calls."""
     return f"{job}-ftjob-token"
+
+
+def operator_token_secret(job: str) -> str:
+    """The operator's own token for the job's lighthouse (its membership API): mounted in the lighthouse pod only."""
+    return f"{job}-ftjob-operator-token"
 
 
 def tls_secret(job: str) -> str:

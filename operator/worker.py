@@ -70,7 +70,9 @@ class JobWorker(JobLighthouse):
         self.wake_event = asyncio.Event()
         self.state: JobState | None = None
         self.deleting: set[str] = set()
-        self.token: str | None = None  # set once the job's Secrets exist (and, with TLS, its CA was read: lh_tls)
+        # the operator's token for the job's lighthouse, set once the job's Secrets exist (and, with TLS, its CA was
+        # read: lh_tls); the workers' token is created here but never read: the operator makes no group's calls
+        self.operator_token: str | None = None
         self.lh_tls: ssl.SSLContext | None = None
         self.services_ok: set[str] = set()
         self.create_refused: dict[int, str] = {}  # group (or LIGHTHOUSE) -> why the apiserver refused its pod
@@ -164,7 +166,7 @@ class JobWorker(JobLighthouse):
             await self._handover(lh_base, a.handover)
         for node in a.failed_nodes:
             await self.node_policy.group_failed(node, self.namespace, self.name)
-        if self.token is None and result.state.outcome is None:
+        if self.operator_token is None and result.state.outcome is None:
             await self._ensure_token(spec)
         self.state = result.state
         if a.persist_first:
@@ -205,17 +207,19 @@ class JobWorker(JobLighthouse):
 
     # --- kubernetes -------------------------------------------------------------------------------------------------
     async def _ensure_token(self, spec: JobSpec) -> None:
-        """The job's token Secret and, with TLS, its TLS Secret (created once, before any pod mounts them) and the
-        client context verifying its lighthouse; the token is set only when both are ready."""
+        """The job's worker and operator token Secrets and, with TLS, its TLS Secret (each created once, before any pod
+        mounts them) and the client context verifying its lighthouse; the operator's token is set only when all are
+        ready."""
         await self.kube.create(self._owned(builders.token_secret(self.name, self.namespace)))
+        await self.kube.create(self._owned(builders.operator_token_secret(self.name, self.namespace)))
         if spec.tls.enabled:
             await self.kube.create(self._owned(builders.tls_secret(self.name, self.namespace)))
             ca = await self.kube.read_secret_value(self.namespace, names.tls_secret(self.name), pki.CA_CERT)
             if ca is None:
                 return
             self.lh_tls = tls.client_context(ca_data=ca)
-        self.token = await self.kube.read_secret_value(
-            self.namespace, names.token_secret(self.name), contract.TOKEN_SECRET_KEY
+        self.operator_token = await self.kube.read_secret_value(
+            self.namespace, names.operator_token_secret(self.name), contract.TOKEN_SECRET_KEY
         )
 
     def _owned(self, obj: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from ftjob.ft.watch_link import link_timing
 from ws_lite import LiteSocket
 
 TOKEN = "bench-token"
+OPERATOR_TOKEN = "bench-operator-token"  # the membership API's (the bench's evictions play the operator)
 STEP_MARK, QID_MARK = 7_777_777_777_777, 8_888_888_888_888  # placeholders in a group's body template
 # cProfile on CPU time (not wall time: on a shared machine the time the lighthouse waits for its core is no cost)
 PROFILE = (
@@ -290,8 +291,10 @@ def proc_stats(pid: int) -> tuple[float, int]:
 
 
 def post(url: str, path: str, body: dict) -> dict:
+    """A call of the operator's membership API."""
     req = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST")
-    req.add_header("Authorization", f"Bearer {TOKEN}")
+    req.add_header("Authorization", f"Bearer {OPERATOR_TOKEN}")
+    req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -336,7 +339,8 @@ def main() -> int:
         code = ["-c", PROFILE, args.profile] if args.profile else ["-m", "ftjob.lighthouse"]
         cmd = [sys.executable, *code, "--bind", "127.0.0.1:0", "--min-replicas", "1", "--join-timeout", "10"]
         lh = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                              env={**os.environ, "FTJOB_TOKEN": TOKEN, "PYTHONPATH": args.lighthouse_path or ""},
+                              env={**os.environ, "FTJOB_TOKEN": TOKEN, "FTJOB_OPERATOR_TOKEN": OPERATOR_TOKEN,
+                                   "PYTHONPATH": args.lighthouse_path or ""},
                               preexec_fn=lambda: os.sched_setaffinity(0, {args.lighthouse_cpu}))  # fmt: skip
         atexit.register(lambda: lh.poll() is None and (lh.terminate(), lh.wait(30)))  # also when the bench fails
         deadline = time.monotonic() + 60

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, RestoredEvent, StatusResponse
@@ -125,6 +127,31 @@ def test_lighthouse_pod_and_services():
     secret = builders.token_secret(JOB, "ns")
     assert len(secret["stringData"]["token"]) >= 32
     assert secret["stringData"]["token"] != builders.token_secret(JOB, "ns")["stringData"]["token"]
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_only_the_lighthouse_pod_gets_the_operators_token(tls: bool):
+    """The membership API takes only the operator's token: its Secret is the lighthouse pod's alone, so no code in a
+    worker pod can act as the operator; the workers' token goes to every pod."""
+    template = {"spec": {"containers": [{"name": "trainer", "image": "img", "command": ["python", "train.py"]}]}}
+    s = spec(tls={"enabled": tls}, ranksPerPod=2, template=template)  # several ranks: the supervisor's env too
+    operator = builders.operator_token_secret(JOB, "ns")
+    workers = builders.token_secret(JOB, "ns")
+    assert operator["metadata"]["name"] == "demo-ftjob-operator-token" != workers["metadata"]["name"]
+    assert operator["metadata"]["labels"][contract.LABEL_JOB] == JOB
+    token = operator["stringData"][contract.TOKEN_SECRET_KEY]
+    assert len(token) >= 32 and token != workers["stringData"][contract.TOKEN_SECRET_KEY]
+    assert token != builders.operator_token_secret(JOB, "ns")["stringData"][contract.TOKEN_SECRET_KEY]  # random
+
+    env = env_of(builders.lighthouse_pod(JOB, "ns", s, 0))
+    ref = {"name": "demo-ftjob-operator-token", "key": contract.TOKEN_SECRET_KEY}
+    assert env[contract.ENV_OPERATOR_TOKEN]["valueFrom"]["secretKeyRef"] == ref
+    assert env[contract.ENV_TOKEN]["valueFrom"]["secretKeyRef"]["name"] == "demo-ftjob-token"
+    for rank in range(s.pods_per_replica):
+        pod = builders.worker_pod(JOB, "ns", s, GroupState(index=1, generation=0), rank)
+        assert env_of(pod)[contract.ENV_TOKEN]["valueFrom"]["secretKeyRef"]["name"] == "demo-ftjob-token"
+        text = json.dumps(pod)
+        assert "demo-ftjob-operator-token" not in text and contract.ENV_OPERATOR_TOKEN not in text, rank
 
 
 def test_pod_view_reads_exit_codes_and_termination():

@@ -45,7 +45,7 @@ class FakeKube:
 def job_worker(lighthouse: FakeLighthouse, kube: FakeKube | None = None) -> JobWorker:
     body = {"metadata": {"name": JOB, "namespace": "ns", "uid": "u1"}, "spec": {}}
     w = JobWorker("ns", JOB, body, kube or FakeKube(), lighthouse, {}, None, lambda *_: None, node_policy=object())  # type: ignore[arg-type]
-    w.token = "t"
+    w.operator_token = "t"
     return w
 
 

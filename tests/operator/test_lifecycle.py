@@ -46,6 +46,7 @@ def test_create_makes_lighthouse_services_secret_and_every_rank(kube, namespace,
             assert env[contract.ENV_WORLD_SIZE].value == "2"
             assert env[contract.ENV_MASTER_ADDR].value == f"mk-g{g}-0-r0.mk-g{g}.{namespace}.svc.cluster.local"
             assert env[contract.ENV_TOKEN].value_from.secret_key_ref.name == "mk-ftjob-token"
+            assert contract.ENV_OPERATOR_TOKEN not in env  # the membership API's token is the lighthouse pod's only
             assert env[contract.ENV_ADVERTISE_ADDR].value_from.field_ref.field_path == "status.podIP"
             assert env["OMP_NUM_THREADS"].value == "2"
             assert p.spec.hostname == p.metadata.name and p.spec.subdomain == f"mk-g{g}"
@@ -54,6 +55,7 @@ def test_create_makes_lighthouse_services_secret_and_every_rank(kube, namespace,
     assert set(services) == {"mk-lighthouse", "mk-g0", "mk-g1", "mk-g2"}
     assert all(s.spec.cluster_ip == "None" and s.spec.publish_not_ready_addresses for s in services.values())
     kube.core.read_namespaced_secret("mk-ftjob-token", namespace)
+    kube.core.read_namespaced_secret("mk-ftjob-operator-token", namespace)
     # every group heartbeats to the lighthouse through its Service DNS name with the Secret's token
     wait_for(lambda: len(lighthouse_status(kube.core, namespace, "mk").members) == 3, 60, "3 lighthouse members")
     # 2 contribute, the third is a warm spare: the lighthouse was told desired = replicas

@@ -25,6 +25,7 @@ from ftjob.operator.model import GroupState
 from podfactory import JOB, spec
 
 TOKEN = "operator-tls-token"
+WORKER_TOKEN = "worker-tls-token"
 
 
 def env_of(container: dict) -> dict[str, str]:
@@ -92,7 +93,7 @@ def tls_lighthouse(tmp_path: Path) -> Iterator[tuple[int, dict[str, Path]]]:
     Service's DNS names only, no IP address, yet the operator calls it by IP."""
     files = pki.write_files(tmp_path / "tls", pki.issue_job(JOB, "ns", names.lighthouse_dns_names(JOB, "ns")))
     log = tmp_path / "lighthouse.log"
-    env = {**os.environ, contract.ENV_TOKEN: TOKEN}
+    env = {**os.environ, contract.ENV_TOKEN: WORKER_TOKEN, contract.ENV_OPERATOR_TOKEN: TOKEN}
     cmd = [sys.executable, "-m", "ftjob.lighthouse", "--bind", "127.0.0.1:0", "--tls-cert",
            str(files[pki.LIGHTHOUSE_CERT]), "--tls-key", str(files[pki.LIGHTHOUSE_KEY])]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)

@@ -207,7 +207,7 @@ def test_membership_changes_and_refusals_are_audited_with_who_asked(tmp_path: Pa
             (
                 "refused",
                 None,
-                f"client {me}",
+                f"worker {me}",  # the job's token, no group named yet
                 "POST /v1/heartbeat: invalid HeartbeatRequest: incarnation: Field required; step: Input should be a "
                 "valid integer (got '1')",
                 "refused 400",

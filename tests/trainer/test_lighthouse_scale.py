@@ -13,7 +13,7 @@ from ftjob import contract
 from ftjob.contract.lighthouse_api import AbortSignal, QuorumRequest, QuorumResponse, WatchQuorumAnswer
 from ftjob.lighthouse.quorum import QuorumCore
 from ftjob.lighthouse.watch import HeartbeatPace
-from test_manager_worker import TOKEN, Lighthouse
+from test_manager_worker import OPERATOR_TOKEN, TOKEN, Lighthouse
 
 
 def ask(core: QuorumCore, group: str, step: int, ranks: int = 2) -> None:
@@ -85,7 +85,10 @@ async def _watch_session(url: str) -> None:
         assert {a.quorum.quorum_id for a in answers.values() if a.quorum} == {1}
 
         await sockets["0"].send_str(frame("0", 6))  # pending: group 1 has not asked yet
-        async with session.post(url + contract.PATH_EVICT, json={"groups": ["1"], "reason": "test"}) as r:
+        operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}  # the membership API is the operator's
+        async with session.post(
+            url + contract.PATH_EVICT, json={"groups": ["1"], "reason": "test"}, headers=operator
+        ) as r:
             assert r.status == 200
         abort = AbortSignal.model_validate_json(await sockets["0"].receive_str(timeout=10))
         assert abort.abort_below == 2  # the quorum in flight lost a member: every socket hears it at once

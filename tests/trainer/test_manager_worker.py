@@ -153,6 +153,7 @@ def main(argv: list[str]) -> int:
 
 
 TOKEN = "test-token"
+OPERATOR_TOKEN = "test-operator-token"  # the lighthouse's membership API takes only this one (ftjob.lighthouse.auth)
 WORKER = Path(__file__).resolve()
 
 
@@ -169,10 +170,13 @@ def _wait(predicate: Any, timeout: float, what: str) -> Any:
 
 
 class Lighthouse:
-    """A real `python -m ftjob.lighthouse` process on loopback; ``port=0`` picks a free port."""
+    """A real `python -m ftjob.lighthouse` process on loopback; ``port=0`` picks a free port. ``request`` sends the
+    operator's token on the membership API and the job's (worker) token elsewhere, unless given another."""
 
-    def __init__(self, workdir: Path, *args: str, port: int = 0, token: str = TOKEN) -> None:
-        self.workdir, self.args, self.token = workdir, list(args), token
+    def __init__(
+        self, workdir: Path, *args: str, port: int = 0, token: str = TOKEN, operator_token: str = OPERATOR_TOKEN
+    ) -> None:
+        self.workdir, self.args, self.token, self.operator_token = workdir, list(args), token, operator_token
         self.port = port
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -180,7 +184,7 @@ class Lighthouse:
     def start(self) -> Lighthouse:
         self.starts += 1
         log = self.workdir / f"lighthouse-{self.starts}.log"
-        env = {**os.environ, "FTJOB_TOKEN": self.token}
+        env = {**os.environ, "FTJOB_TOKEN": self.token, "FTJOB_OPERATOR_TOKEN": self.operator_token}
         cmd = [sys.executable, "-m", "ftjob.lighthouse", "--bind", f"127.0.0.1:{self.port}", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
 
@@ -202,7 +206,10 @@ class Lighthouse:
     ) -> tuple[int, Any]:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         req = urllib.request.Request(self.url + path, data=data, method=method)
-        tok = self.token if token is None else token
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        membership = path.startswith("/v1/membership/")
+        tok = (self.operator_token if membership else self.token) if token is None else token
         if tok:
             req.add_header("Authorization", f"Bearer {tok}")
         try:

@@ -11,6 +11,9 @@ It never imports torch: the operator's image has none.
 Lighthouse paths (every one except /healthz needs ``Authorization: Bearer <token>``; bodies in lighthouse_api):
   POST /v1/quorum, /v1/heartbeat, /v1/membership/{evict,starting,desired,handover}; GET /v1/status,
   /v1/watch (WebSocket), /metrics (Prometheus text), /healthz ("ok").
+Two tokens, two roles (ftjob.lighthouse.auth): the job's worker token (FTJOB_TOKEN, in every worker pod) for the
+groups' calls (quorum, heartbeat, watch), the operator's token (FTJOB_OPERATOR_TOKEN, in the lighthouse pod only) for
+the membership API; either reads /v1/status and /metrics. The other role's token is refused with 403.
 """
 
 from __future__ import annotations
@@ -81,9 +84,12 @@ ENV_MIN_STEP_SECONDS = "FTJOB_MIN_STEP_SECONDS"  # pad every step to this long: 
 # Integrity (ftjob.ft.guard, ftjob.ft.divergence; spec.integrity in the CRD)
 ENV_GUARD = "FTJOB_GRADIENT_GUARD"  # "0": no gradient guard (default on)
 ENV_GUARD_NORM_RATIO = "FTJOB_GUARD_NORM_RATIO"  # a group's grad norm above ratio x the others' median is refused
+# "1": the guard judges norms every group can check against the sum (random-projection sketches; default off)
+ENV_GUARD_SKETCH = "FTJOB_GUARD_SKETCH"
 ENV_DIGEST_EVERY = "FTJOB_DIGEST_EVERY"  # report a state digest every N committed steps (0: never)
 ENV_GENERATION = "FTJOB_GENERATION"  # this group's generation (the pod label): 0 for the first incarnation
-ENV_FAULT_INJECTION = "FTJOB_FAULT_INJECTION"  # tests only: "group=1,kind=nan|scale|bitflip,step=20[,count=3]"
+# tests only: "group=1,kind=nan|scale|bitflip|lie|misreport,step=20[,count=3]" (ftjob.ft.fault_injection)
+ENV_FAULT_INJECTION = "FTJOB_FAULT_INJECTION"
 # TLS (ftjob.contract.tls): with a CA file set, every lighthouse / recovery connection is TLS, verified against it
 ENV_TLS_CA_FILE = "FTJOB_TLS_CA_FILE"  # the job's CA certificate (PEM): clients verify servers with it
 ENV_TLS_CERT_FILE = "FTJOB_TLS_CERT_FILE"  # this process's certificate chain (PEM), for the servers it runs
@@ -119,6 +125,10 @@ ENV_GUARD_WINDOW_S = "FTJOB_GUARD_WINDOW_S"  # ... within this many seconds is e
 ENV_STALL_FACTOR = "FTJOB_STALL_FACTOR"
 ENV_STALL_FLOOR_S = "FTJOB_STALL_FLOOR_S"
 ENV_AUDIT_FILE = "FTJOB_AUDIT_FILE"  # optional: the audit trail's JSON lines also go to this file (always to stderr)
+# The operator's own bearer token (its Secret <job>-ftjob-operator-token, never mounted in a worker pod): the only one
+# the membership API accepts, so code running in a worker pod cannot change the job's membership (ftjob.lighthouse.auth)
+ENV_OPERATOR_TOKEN = "FTJOB_OPERATOR_TOKEN"
+ENV_OPERATOR_TOKEN_FILE = "FTJOB_OPERATOR_TOKEN_FILE"  # alternative: a file holding it
 
 # --- Lighthouse API paths ---------------------------------------------------------------------------------------
 PATH_QUORUM = "/v1/quorum"
@@ -134,16 +144,25 @@ PATH_WATCH = "/v1/watch"  # WebSocket: heartbeats up, abort signals down; closin
 # Per-rank recovery server (ftjob.ft.recovery): a healing rank i copies model/optimizer state from rank i of a peer
 PATH_RECOVERY = "/v1/recovery"  # GET {PATH_RECOVERY}/{step}/manifest (JSON), {PATH_RECOVERY}/{step}/chunk/{i} (bytes)
 
-# Secret key holding the job's lighthouse token
+# Secret key holding a token, in the job's worker token Secret and in its operator token Secret alike
 TOKEN_SECRET_KEY = "token"
 
 
 def read_token(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
     """The job's bearer token from FTJOB_TOKEN or the file FTJOB_TOKEN_FILE names; '' when neither is set."""
+    return _token_from(ENV_TOKEN, ENV_TOKEN_FILE, environ)
+
+
+def read_operator_token(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
+    """The operator's bearer token from FTJOB_OPERATOR_TOKEN or the file FTJOB_OPERATOR_TOKEN_FILE names; ''."""
+    return _token_from(ENV_OPERATOR_TOKEN, ENV_OPERATOR_TOKEN_FILE, environ)
+
+
+def _token_from(name: str, file_name: str, environ: os._Environ[str] | dict[str, str] | None) -> str:
     env = os.environ if environ is None else environ
-    if env.get(ENV_TOKEN):
-        return env[ENV_TOKEN].strip()
-    path = env.get(ENV_TOKEN_FILE)
+    if env.get(name):
+        return env[name].strip()
+    path = env.get(file_name)
     if path:
         with open(path, encoding="utf-8") as f:
             return f.read().strip()

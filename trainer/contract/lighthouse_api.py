@@ -3,9 +3,12 @@
 The server validates every body against its request model and answers 400 with ``describe(error)`` when it does not
 fit; clients build requests from these models and read answers through them, never by string keys. Requests refuse
 unknown fields (a typo fails loudly); answers ignore them (an older client keeps working against a newer server).
+A POST body is declared ``Content-Type: application/json`` (else 415) and at most 4 MiB (else 413); no path but
+/v1/watch takes query parameters (400).
 
   POST /v1/quorum               QuorumRequest -> QuorumResponse (long-polls; 504 ErrorResponse on timeout)
   POST /v1/heartbeat            HeartbeatRequest -> HeartbeatResponse
+  POST /v1/membership/...       the operator's: its own token only, the job's worker token gets 403 (lighthouse.auth)
   POST /v1/membership/evict     EvictRequest -> EvictResponse (drops groups at once, bans their incarnation)
   POST /v1/membership/starting  StartingRequest -> StartingResponse (joiners the quorum may wait for)
   POST /v1/membership/desired   DesiredRequest -> DesiredResponse (contributing groups; extra live ones are spares)
@@ -14,7 +17,8 @@ unknown fields (a typo fails loudly); answers ignore them (an older client keeps
   GET  /v1/watch?WatchQuery     WebSocket, one per group (its rank 0; the other ranks hear through the group link,
                                 ftjob.ft.group_link): WatchHeartbeat up, AbortSignal (+ heartbeat period) down;
                                 rank 0 may long-poll its quorum on it too: WatchQuorum up, WatchQuorumAnswer down
-  any refusal                   ErrorResponse with a 4xx/5xx status
+  any refusal                   ErrorResponse with a 4xx/5xx status (every malformed request: 400, 401, 403, 404, 405,
+                                413 or 415, never a dropped connection or a page)
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
-Count = Annotated[int, Field(ge=0)]
+# Every integer a client sends is bounded: JSON numbers have no size, and a step of 10**40 would be kept (and sent on
+# to every group, the operator and its status) as the job's committed step. 2**63 - 1 is what every client holds.
+INT64_MAX = 2**63 - 1
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 # A replica group's id is its index in decimal ("0", "1", ...); the operator also bounds it (DesiredRequest.groups).
 GroupId = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,6})$")]
 Incarnation = Annotated[str, StringConstraints(min_length=1, max_length=128)]
@@ -58,7 +65,7 @@ def describe(error: ValidationError) -> str:
 
 
 # --- integrity: the gradient guard's verdicts and the replicas' state digests ------------------------------------
-GuardKind = Literal["nonfinite", "norm_outlier"]
+GuardKind = Literal["nonfinite", "norm_outlier", "norm_mismatch"]  # ftjob.ft.guard
 Note = Annotated[str, StringConstraints(max_length=512)]
 
 
@@ -81,7 +88,7 @@ class GuardVerdict(Request):
     request's. Ignored and audited, the request served: a quorum the lighthouse does not know (it restarted since),
     a reporter or offender that was not in that quorum."""
 
-    quorum_id: Annotated[int, Field(ge=0)]
+    quorum_id: Annotated[int, Field(ge=0, le=INT64_MAX)]
     step: Count
     offenders: Annotated[list[GuardOffence], Field(min_length=1, max_length=MAX_RANKS)]
 
@@ -105,7 +112,7 @@ class QuorumRequest(Request):
     group: GroupId
     incarnation: Incarnation  # unique per process start: a restarted group is a new member
     step: Count  # the group's committed step
-    quorum_id: Annotated[int, Field(ge=-1)]  # the last quorum id this group saw, -1 at start
+    quorum_id: Annotated[int, Field(ge=-1, le=INT64_MAX)]  # the last quorum id this group saw, -1 at start
     address: Address  # "<ip>:<port>" of rank 0's recovery server
     store_address: Address  # "<ip>:<port>" of rank 0's TCPStore for the cross-group process group
     commit_failures: Count = 0  # failed commits since the last quorum: forces a new quorum id
@@ -274,7 +281,7 @@ class StartingResponse(Answer):
 
 
 class DesiredRequest(Request):
-    replicas: Annotated[int, Field(ge=1)]
+    replicas: Annotated[int, Field(ge=1, le=10_000_000)]
     # every group index the operator created is below this (replicas + spares, following scaling); the lighthouse
     # then refuses any other group id with 403. None: no bound (a local run without an operator)
     groups: Annotated[int, Field(ge=1, le=10_000_000)] | None = None

@@ -8,6 +8,11 @@ connections, received straight into their final place (the receiver's own tensor
 buffer: no copy in between), checksummed there and fetched again when a checksum does not match. With a TlsConfig
 (the job's FTJOB_TLS_* files) the server speaks only TLS and the fetcher verifies the peer's certificate against the
 job's CA and the job's worker name (ftjob.contract.tls); without one both speak plain HTTP (local development).
+
+Every refusal is the contract's ErrorResponse (JSON), whatever is wrong: 400 a malformed query (only ``wait=SECONDS``,
+once, finite and >= 0) or request line or header, 401 no or a wrong token, 404 an unknown path or step, 405 a method
+other than GET, 410 a step this rank moved past, 413 a request with a body; a bug answers 500 JSON too, and no request
+is answered by dropping the connection.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ from __future__ import annotations
 import hmac
 import http.client
 import logging
+import math
 import os
+import re
 import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -56,10 +65,45 @@ PAGE = 4096
 # the copy (0.1 s -> 0.45 s for 256 MiB here). 4 MiB x the streams still covers a datacenter link's bandwidth x delay.
 RCVBUF_BYTES = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
+MAX_WAIT_S = 120.0  # the longest a request waits for its step's snapshot (?wait= is capped to it)
+# GET {PATH_RECOVERY}/{step}/manifest or .../{step}/chunk/{i}: ASCII digits only (str.isdigit also takes "²", which
+# int() refuses), at most 19 of them (below 2**63)
+_PATH = re.compile(re.escape(contract.PATH_RECOVERY) + r"/([0-9]{1,19})/(?:(manifest)|chunk/([0-9]{1,19}))")
 
 
 class RecoveryError(RuntimeError):
     """The peer's state could not be fetched intact; nothing was returned (but see fetch_state's ``in_place``)."""
+
+
+class _Refused(Exception):
+    """A request the server refuses: answered ``status`` with the contract's error."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _wait_s(query: str) -> float:
+    """The query's ``wait=SECONDS`` (0 without a query), capped at MAX_WAIT_S; _Refused 400 for anything else."""
+    if not query:
+        return 0.0
+    try:
+        fields = urllib.parse.parse_qs(query, keep_blank_values=True, strict_parsing=True, max_num_fields=4)
+    except ValueError as e:
+        raise _Refused(400, f"malformed query {query[:100]!r} ({e}): use ?wait=SECONDS") from None
+    if set(fields) != {"wait"}:
+        unknown = sorted(set(fields) - {"wait"})
+        raise _Refused(400, f"unknown query parameter(s) {unknown}: the only one is wait=SECONDS")
+    if len(fields["wait"]) != 1:
+        raise _Refused(400, "wait given more than once")
+    text = fields["wait"][0]
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = math.nan
+    if not math.isfinite(wait) or wait < 0:
+        raise _Refused(400, f"wait must be a finite number of seconds >= 0, got {text[:40]!r}")
+    return min(wait, MAX_WAIT_S)
 
 
 def _checksums(packed: Packed, chunk_bytes: int) -> list[Chunk]:
@@ -160,6 +204,21 @@ class RecoveryServer:
             def do_GET(self) -> None:
                 server._handle(self)
 
+            # every other method is refused with the contract's 405, not http.server's HTML 501 page
+            do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_TRACE = do_CONNECT = do_GET
+
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                """http.server's own refusals (a request line or header it cannot parse, an unknown method): the
+                contract's JSON error instead of its HTML page; the connection closes after it."""
+                if code == HTTPStatus.NOT_IMPLEMENTED:  # a method it has no do_ for
+                    code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command!r} not allowed: use GET"
+                elif code == HTTPStatus.HTTP_VERSION_NOT_SUPPORTED:  # the client's request is at fault: a 4xx
+                    code, message = HTTPStatus.BAD_REQUEST, f"{message}: use HTTP/1.1"
+                if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+                    self.request_version = "HTTP/1.0"  # else http.server would send the body with no status line
+                self.close_connection = True
+                server._error(self, code, f"malformed request: {message or HTTPStatus(code).phrase}")
+
         self._http = _HTTPServer(("0.0.0.0", port), Handler, tls.server_context if tls else None)
         self.address = f"{advertise_addr}:{self._http.server_address[1]}"
         self._thread = threading.Thread(target=self._http.serve_forever, name="recovery-server", daemon=True)
@@ -184,8 +243,13 @@ class RecoveryServer:
         h.send_response(status)
         h.send_header("Content-Type", kind)
         h.send_header("Content-Length", str(len(body)))
+        if status == HTTPStatus.METHOD_NOT_ALLOWED:
+            h.send_header("Allow", "GET")
+        if h.close_connection:
+            h.send_header("Connection", "close")
         h.end_headers()
-        h.wfile.write(body)
+        if h.command != "HEAD":  # a HEAD answer has no body, whatever its Content-Length says
+            h.wfile.write(body)
 
     def _error(self, h: BaseHTTPRequestHandler, status: int, message: str) -> None:
         self._reply(h, status, ErrorResponse(error=message).model_dump_json().encode())
@@ -203,23 +267,50 @@ class RecoveryServer:
             return self._snap
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        try:
+            self._serve(h)
+        except _Refused as e:
+            self._error(h, e.status, str(e))
+        except OSError:
+            raise  # the client is gone (or its TLS broke): nothing can be told to it; http.server closes the socket
+        except Exception:  # a bug: still the contract's answer, and the server goes on serving
+            log.exception("recovery: %s %s failed", h.command, h.path[:200])
+            h.close_connection = True
+            self._error(h, 500, "internal error in the recovery server; see the trainer's log")
+
+    def _serve(self, h: BaseHTTPRequestHandler) -> None:
+        """One request: refusals raise _Refused, checked in this order before any wait (401, 405, 400/413, 404,
+        400 query)."""
+        length, chunked = h.headers.get("Content-Length"), "Transfer-Encoding" in h.headers
+        if chunked or (length is not None and length.strip() != "0") or h.request_version == "HTTP/0.9":
+            h.close_connection = True  # a body is never read: what follows it on the connection cannot be trusted
+        if h.request_version == "HTTP/0.9":
+            h.request_version = "HTTP/1.0"  # answered with a status line
+            raise _Refused(400, "HTTP/0.9 is not served: use HTTP/1.1")
         header = h.headers.get("Authorization", "")
-        given = header[7:].encode() if header.startswith("Bearer ") else b""
+        given = header[7:].encode("utf-8", "surrogateescape") if header.startswith("Bearer ") else b""
         if not hmac.compare_digest(given, self._token):
-            return self._error(h, 401, "missing or wrong bearer token: use the job's token")
+            raise _Refused(401, "missing or wrong bearer token: use the job's token")
+        if h.command != "GET":
+            raise _Refused(405, f"method {h.command} not allowed: use GET")
+        if chunked:
+            raise _Refused(413, "a GET takes no body (Transfer-Encoding given)")
+        if length is not None:
+            if not length.strip().isascii() or not length.strip().isdigit():
+                raise _Refused(400, f"Content-Length must be a number of bytes, got {length[:40]!r}")
+            if length.strip().strip("0"):  # not int(): a number of thousands of digits is refused the same
+                raise _Refused(413, f"a GET takes no body (Content-Length {length.strip()[:40]})")
         path, _, query = h.path.partition("?")
-        parts = path.removeprefix(contract.PATH_RECOVERY).strip("/").split("/")
-        if not path.startswith(contract.PATH_RECOVERY) or not parts[0].isdigit() or len(parts) not in (2, 3):
-            return self._error(h, 404, f"unknown path {path}: use {contract.PATH_RECOVERY}/STEP/manifest|chunk/N")
-        wait_s = float(query.removeprefix("wait=")) if query.startswith("wait=") else 0.0
-        snap = self._snapshot_for(int(parts[0]), min(wait_s, 120.0))
+        match = _PATH.fullmatch(path)
+        if match is None:
+            raise _Refused(404, f"unknown path {path[:200]!r}: use {contract.PATH_RECOVERY}/STEP/manifest|chunk/N")
+        wait_s = _wait_s(query)
+        snap = self._snapshot_for(int(match[1]), wait_s)
         if isinstance(snap, str):
-            return self._error(h, 404 if "within" in snap else 410, snap)
-        if parts[1:] == ["manifest"]:
+            raise _Refused(404 if "within" in snap else 410, snap)
+        if match[2] == "manifest":
             return self._reply(h, 200, snap.manifest_bytes())
-        if len(parts) != 3 or parts[1] != "chunk" or not parts[2].isdigit():
-            return self._error(h, 404, f"unknown path {path}")
-        index, total = int(parts[2]), snap.packed.buffer.numel()
+        index, total = int(match[3]), snap.packed.buffer.numel()
         offset = index * self._chunk_bytes
         if offset >= total:
             return self._error(h, 404, f"chunk {index} is past the end of the snapshot ({total} bytes)")

@@ -40,6 +40,9 @@ class Launcher:
         self.cfg = cfg
         self.groups = [str(i) for i in range(cfg.replicas + cfg.spares)]
         self.token = secrets.token_hex(16)
+        # the launcher plays the operator: its own token, given to the lighthouse only (never to a group's process),
+        # as the operator's Secret is mounted in the lighthouse pod only
+        self.operator_token = secrets.token_hex(16)
         self.port = free_port()
         self.url = f"{'https' if cfg.tls else 'http'}://127.0.0.1:{self.port}"
         self.tls_files = self._issue_tls() if cfg.tls else {}
@@ -50,7 +53,7 @@ class Launcher:
         self.generation = dict.fromkeys(self.groups, 0)
         self.events = LaunchEvents(t0=time.time(), restarts=dict.fromkeys(self.groups, 0))
         ca = self.tls_files.get(pki.CA_CERT)
-        self.status = LighthouseStatus(self.url, self.token, client_context(str(ca)) if ca else None)
+        self.status = LighthouseStatus(self.url, self.operator_token, client_context(str(ca)) if ca else None)
         self.progress = LiveProgress(cfg.run_dir)
 
     def _issue_tls(self) -> dict[str, Path]:
@@ -85,6 +88,22 @@ class Launcher:
             env[contract.ENV_CHECKPOINT_DIR] = str(c.run_dir / "checkpoints")
             env[contract.ENV_CHECKPOINT_EVERY] = str(c.checkpoint_every)
         return env
+
+    def _lighthouse(self) -> tuple[list[str], dict[str, str]]:
+        """The lighthouse's flags and environment, as the operator gives its pod: the groups' env plus the operator's
+        token (which no group's process gets) and the group ids it runs (any other is refused)."""
+        c = self.cfg
+        args = [f"--bind=127.0.0.1:{self.port}", f"--min-replicas={c.min_replicas}", f"--replicas={c.replicas}",
+                f"--groups={len(self.groups)}"]  # fmt: skip
+        env = {
+            **self._env(),
+            contract.ENV_LIGHTHOUSE_BIND: f"127.0.0.1:{self.port}",
+            contract.ENV_OPERATOR_TOKEN: self.operator_token,
+        }
+        if self.tls_files:  # the lighthouse presents its own certificate, not the workers'
+            env[contract.ENV_TLS_CERT_FILE] = str(self.tls_files[pki.LIGHTHOUSE_CERT])
+            env[contract.ENV_TLS_KEY_FILE] = str(self.tls_files[pki.LIGHTHOUSE_KEY])
+        return args, env
 
     def _start(self, group: str) -> None:
         c = self.cfg
@@ -166,15 +185,7 @@ class Launcher:
         # SIGTERM (e.g. a test timeout) must still reach the finally below that kills every child.
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         c.run_dir.mkdir(parents=True, exist_ok=True)
-        lh_env = {**self._env(), contract.ENV_LIGHTHOUSE_BIND: f"127.0.0.1:{self.port}"}
-        if self.tls_files:  # the lighthouse presents its own certificate, not the workers'
-            lh_env[contract.ENV_TLS_CERT_FILE] = str(self.tls_files[pki.LIGHTHOUSE_CERT])
-            lh_env[contract.ENV_TLS_KEY_FILE] = str(self.tls_files[pki.LIGHTHOUSE_KEY])
-        lh_proc, lh_log = start_lighthouse(
-            [f"--bind=127.0.0.1:{self.port}", f"--min-replicas={c.min_replicas}", f"--replicas={c.replicas}"],
-            lh_env,
-            c.run_dir / "logs" / "lighthouse.log",
-        )
+        lh_proc, lh_log = start_lighthouse(*self._lighthouse(), c.run_dir / "logs" / "lighthouse.log")
         pending_kills = list(c.kill_at)
         next_timed_kill = time.monotonic() + c.kill_every if c.kill_every else None
         deadline = time.monotonic() + c.timeout

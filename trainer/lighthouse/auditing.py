@@ -2,9 +2,11 @@
 leaves, evictions) with who caused them, refused requests, and the integrity checks' findings carried out (evictions
 through QuorumCore's evict path) and counted. Kept apart from the server so its handlers only say who is asking.
 
-Actors: "group G (incarnation I) from <addr>" once a request's body (or watch query) named them, "operator from
-<addr>" on the membership API, "unauthenticated client from <addr>" for a 401, "client from <addr>" otherwise, and
-"lighthouse" for its own decisions (heartbeat timeout, closed watch socket, guard and divergence verdicts).
+Actors, by the token a request carried (ftjob.lighthouse.auth): "operator from <addr>" for the operator's token;
+for the job's worker token "group G (incarnation I) from <addr>" once the request's body (or watch query) named them,
+else "worker from <addr>" (e.g. a worker's token refused on the membership API); "unauthenticated client from <addr>"
+for a 401, "client from <addr>" for a request that needs no token; and "lighthouse" for its own decisions (heartbeat
+timeout, closed watch socket, guard and divergence verdicts).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TypeVar
 
 from aiohttp import web
 from ftjob.lighthouse.audit import AuditTrail
+from ftjob.lighthouse.auth import OPERATOR, Role
 from ftjob.lighthouse.integrity import Finding, IntegrityChecks
 from ftjob.lighthouse.metrics import LighthouseMetrics
 from ftjob.lighthouse.quorum import QuorumCore
@@ -21,6 +24,7 @@ from ftjob.lighthouse.quorum import QuorumCore
 LIGHTHOUSE = "lighthouse"  # the actor of the lighthouse's own decisions
 # request[SENDER] = (group, "group G (incarnation I)") once the request's body or query named them
 SENDER = web.RequestKey("ftjob_sender", tuple[str, str])
+ROLE = web.RequestKey("ftjob_role", str)  # whose token the request carried (Role), once authenticated
 _LIVENESS = ("heartbeat_timeout", "disconnected")  # drops the lighthouse decides, whoever's request ran it
 _OUTCOMES = {
     "heartbeat_timeout": "dropped: no heartbeat within the heartbeat timeout",
@@ -40,13 +44,16 @@ def peer_of(request: web.Request) -> str:
 
 
 def actor_of(request: web.Request, status: int = 200) -> str:
-    """Who sent the request: a group's process, the operator (membership API) or an unnamed client."""
+    """Who sent the request, by its token: the operator, a group's process (named or not yet), or an unnamed client."""
     peer = peer_of(request)
-    if status == 401:
-        return f"unauthenticated client from {peer}"
+    role: Role | None = request.get(ROLE)  # type: ignore[assignment]
+    if status == 401 or role is None:
+        return f"{'unauthenticated client' if status == 401 else 'client'} from {peer}"
+    if role == OPERATOR:
+        return f"operator from {peer}"
     if SENDER in request:
         return f"{request[SENDER][1]} from {peer}"
-    return f"{'operator' if request.path.startswith('/v1/membership/') else 'client'} from {peer}"
+    return f"worker from {peer}"
 
 
 class Auditor:

@@ -17,7 +17,9 @@ from aiohttp import web
 from ftjob import contract
 from ftjob.contract.tls import server_context
 from ftjob.lighthouse.audit import configure_audit_logging
+from ftjob.lighthouse.auth import Credentials
 from ftjob.lighthouse.gc_pacing import GcPacer
+from ftjob.lighthouse.http_errors import JsonErrorRunner
 from ftjob.lighthouse.integrity import DEFAULT_MAX_OFFENCES, DEFAULT_WINDOW_S, IntegrityChecks
 from ftjob.lighthouse.quorum import QuorumCore
 from ftjob.lighthouse.server import LighthouseServer
@@ -161,6 +163,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"{contract.ENV_TOKEN})",
     )
     a(
+        "--operator-token-file",
+        default=env.get(contract.ENV_OPERATOR_TOKEN_FILE),
+        help=f"file holding the operator's bearer token, the only one the membership API accepts; it must differ from "
+        f"the job's (env {contract.ENV_OPERATOR_TOKEN_FILE}, or the token itself in {contract.ENV_OPERATOR_TOKEN})",
+    )
+    a(
         "--tls-cert",
         default=env.get(contract.ENV_TLS_CERT_FILE) or None,
         help=f"serve HTTPS/WSS only, with this certificate chain (PEM; env {contract.ENV_TLS_CERT_FILE}); with "
@@ -203,7 +211,14 @@ def read_token(token_file: str | None) -> str:
     return contract.read_token()
 
 
-def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
+def read_operator_token(token_file: str | None) -> str:
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            return f.read().strip()
+    return contract.read_operator_token()
+
+
+def build_server(args: argparse.Namespace, token: str, operator_token: str) -> LighthouseServer:
     saved = load_state(args.state_file)
     restored_floor = args.restore_step > saved.committed_step  # the operator's record, not this lighthouse's own
     core = QuorumCore(
@@ -222,13 +237,14 @@ def build_server(args: argparse.Namespace, token: str) -> LighthouseServer:
     if (args.restore_quorum_id or args.restore_step or saved.quorum_id) and core.group_limit:
         core.expect_back(str(g) for g in range(core.group_limit))  # a replacement: the groups are coming back
     integrity = IntegrityChecks(max_offences=args.guard_max_offences, window_s=args.guard_window_s)
-    return LighthouseServer(core, token, state_file=args.state_file, integrity=integrity, audit_file=args.audit_file)
+    return LighthouseServer(core, token, operator_token, state_file=args.state_file, integrity=integrity,
+                            audit_file=args.audit_file)  # fmt: skip
 
 
-async def serve(args: argparse.Namespace, token: str) -> None:
-    server = build_server(args, token)
+async def serve(args: argparse.Namespace, token: str, operator_token: str) -> None:
+    server = build_server(args, token, operator_token)
     # Shutdown must be quick: a lighthouse that is being replaced holds every group's next step.
-    runner = web.AppRunner(server.make_app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+    runner = JsonErrorRunner(server.make_app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     tls = server_context(args.tls_cert, args.tls_key) if args.tls_cert else None  # then TLS only: plain HTTP fails
     site = web.TCPSite(runner, args.host, args.port, reuse_address=True, ssl_context=tls,
@@ -263,6 +279,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     try:
         token = read_token(args.token_file)
+        operator_token = read_operator_token(args.operator_token_file)
     except OSError as e:
         print(f"error: cannot read the token file: {e}", file=sys.stderr)
         return 2
@@ -273,7 +290,12 @@ def main(argv: list[str]) -> int:
         )
         return 2
     try:
-        asyncio.run(serve(args, token))
+        Credentials(token, operator_token)  # both, and not the same: checked before anything starts
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(args, token, operator_token))
     except (ValueError, OSError) as e:  # unreadable state file or TLS files (ssl.SSLError is an OSError), port taken
         print(f"error: {e}", file=sys.stderr)
         return 2

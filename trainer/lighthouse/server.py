@@ -1,15 +1,17 @@
-"""The lighthouse's HTTP/WebSocket front end (aiohttp): authentication, request validation, long-polled quorum
-requests, the operator's membership API, status, metrics and the groups' watch sockets that push abort signals
-(ftjob.lighthouse.watch_socket).
+"""The lighthouse's HTTP/WebSocket front end (aiohttp): authentication (two tokens, two roles: ftjob.lighthouse.auth),
+request validation, long-polled quorum requests, the operator's membership API, status, metrics and the groups' watch
+sockets that push abort signals (ftjob.lighthouse.watch_socket).
 
 All state lives in one QuorumCore driven from this event loop; a ticker re-evaluates it for heartbeat expiry and
-join timeouts. Every rejected request changes nothing.
+join timeouts. Every rejected request changes nothing, and every answer that is not a success is the contract's
+ErrorResponse (JSON): 400 a malformed query, header or body, 401 no or an unknown token, 403 the other role's call or a
+group id outside the job's, 404 an unknown path, 405 a wrong method, 413 a body over MAX_BODY_BYTES, 415 a body that is
+not declared JSON; requests aiohttp cannot even parse get it too (ftjob.lighthouse.http_errors).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -37,8 +39,9 @@ from ftjob.contract.lighthouse_api import (
     WatchHeartbeat,
     describe,
 )
+from ftjob.lighthouse import auth
 from ftjob.lighthouse.audit import AuditTrail
-from ftjob.lighthouse.auditing import LIGHTHOUSE, Auditor, actor_of, name_sender, peer_of
+from ftjob.lighthouse.auditing import LIGHTHOUSE, ROLE, Auditor, actor_of, name_sender, peer_of
 from ftjob.lighthouse.integrity import IntegrityChecks
 from ftjob.lighthouse.metrics import LighthouseMetrics
 from ftjob.lighthouse.quorum import BadRequest, Formed, QuorumCore, QuorumError
@@ -62,6 +65,10 @@ _KNOWN_PATHS = {
     contract.PATH_WATCH,
 }
 
+
+_POST_PATHS = auth.OPERATOR_PATHS | {contract.PATH_QUORUM, contract.PATH_HEARTBEAT}  # each takes a JSON body
+_QUERY_PATHS = {contract.PATH_WATCH}  # the only path with query parameters (WatchQuery); any other refuses them
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a quorum request of a 64k-rank group fits
 
 R = TypeVar("R", bound=Request)
 
@@ -90,20 +97,19 @@ class LighthouseServer(WatchSocketEndpoint):
         self,
         core: QuorumCore,
         token: str,
+        operator_token: str,
         state_file: str | None = None,
         tick_s: float = 0.02,
         clock: Callable[[], float] = time.monotonic,
         integrity: IntegrityChecks | None = None,
         audit_file: str | None = None,
     ) -> None:
-        if not token:
-            raise ValueError(f"the lighthouse needs a bearer token: set {contract.ENV_TOKEN} or --token-file")
+        self.credentials = auth.Credentials(token, operator_token)  # ValueError without both, or with one twice
         self.core = core
         self.metrics = LighthouseMetrics()
         self.integrity = integrity or IntegrityChecks()
         self.audit = AuditTrail(audit_file, counter=self.metrics.audit_records)
         self.auditor = Auditor(core, self.audit, self.metrics, self.integrity)
-        self._token = token.encode()
         self._state_file = state_file
         self._tick_s = tick_s
         self._clock = clock
@@ -123,7 +129,7 @@ class LighthouseServer(WatchSocketEndpoint):
 
     # --- app wiring ----------------------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware], client_max_size=4 * 1024 * 1024)
+        app = web.Application(middlewares=[self._middleware], client_max_size=MAX_BODY_BYTES)
         app.router.add_post(contract.PATH_QUORUM, self._quorum)
         app.router.add_post(contract.PATH_HEARTBEAT, self._heartbeat)
         app.router.add_post(contract.PATH_EVICT, self._evict)
@@ -176,22 +182,51 @@ class LighthouseServer(WatchSocketEndpoint):
         start = time.perf_counter()
         path = request.path if request.path in _KNOWN_PATHS else "other"
         try:
-            if request.path != contract.PATH_HEALTH:
-                header = request.headers.get("Authorization", "")
-                given = header[7:].encode() if header.startswith("Bearer ") else b""
-                if not hmac.compare_digest(given, self._token):
+            if request.path not in auth.PUBLIC_PATHS:
+                given = auth.bearer(request.headers.get("Authorization", ""))
+                role = self.credentials.role(given)
+                if role is None:
                     why = "wrong bearer token" if given else "missing 'Authorization: Bearer <token>' header"
-                    return self._refuse(request, 401, f"{why}: use the job's token")
+                    whose = "the operator's" if request.path in auth.OPERATOR_PATHS else "the job's"
+                    return self._refuse(request, 401, f"{why}: use {whose} token")
+                request[ROLE] = role
+                if (why := auth.refusal(role, request.path)) is not None:  # the other role's call: before any parsing
+                    return self._refuse(request, 403, why)
+            if (routed := request.match_info.http_exception) is not None:  # 404, 405: before looking at the request
+                raise routed
+            if (refused := self._malformed(request)) is not None:
+                return self._refuse(request, *refused)
             return await handler(request)
         except QuorumError as e:
             return self._refuse(request, e.status, str(e))
         except web.HTTPException as e:  # aiohttp's own refusals (404, 405, 413): the contract's JSON too
             if e.status < 400:
                 raise
-            return self._refuse(request, e.status, f"{e.reason}: {request.method} {request.path}")
+            why = f"{e.reason}: {request.method} {request.path}"
+            if isinstance(e, web.HTTPMethodNotAllowed):
+                why += f" (allowed: {', '.join(sorted(e.allowed_methods))})"
+            return self._refuse(request, e.status, why)
+        except Exception:  # a lighthouse bug: the contract's JSON all the same, and the lighthouse serves on
+            log.exception("%s %s failed", request.method, request.path)
+            return refuse(500, "internal error in the lighthouse; see its log")
         finally:
             if path != contract.PATH_WATCH:
                 self._request_seconds[path].observe(time.perf_counter() - start)
+
+    @staticmethod
+    def _malformed(request: web.Request) -> tuple[int, str] | None:
+        """What is wrong with a routed request before its handler reads it: a query where none is taken (400), a body
+        too large by its declared length (413, unread), a POST body not declared JSON (415); None when nothing is."""
+        path = request.path
+        if request.query_string and path not in _QUERY_PATHS:
+            return 400, f"{request.method} {path} takes no query parameters (got {request.query_string[:100]!r})"
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            return 413, f"a request body is at most {MAX_BODY_BYTES} bytes, this one declares {request.content_length}"
+        if path in _POST_PATHS:
+            kind = request.headers.get("Content-Type", "")
+            if kind != "application/json" and kind.partition(";")[0].strip().lower() != "application/json":
+                return 415, f"POST {path} takes a JSON body: send 'Content-Type: application/json' (got {kind[:80]!r})"
+        return None
 
     def _refuse(self, request: web.Request, status: int, message: str) -> web.Response:
         self.auditor.refused(request, status, message, self._clock())
@@ -337,6 +372,7 @@ class LighthouseServer(WatchSocketEndpoint):
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
         beat = await parse(request, HeartbeatRequest)
+        self.core.check_group(beat.group)  # any rank's: a group id outside the job's is refused, counted or not
         if beat.rank == 0:
             frame = WatchHeartbeat.model_validate(beat.model_dump(include=set(WatchHeartbeat.model_fields)))
             self._beat(beat.group, beat.incarnation, actor_of(request), "heartbeat", frame)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from ftjob import contract
 from ftjob.contract.lighthouse_api import (
     QuorumRequest,
     WatchHeartbeat,
@@ -71,6 +72,10 @@ class WatchSocketEndpoint:
     open_sockets = 0  # watch sockets open now (ftjob.lighthouse.gc_pacing: memory per connection)
 
     async def _watch(self, request: web.Request) -> web.WebSocketResponse:
+        keys = set(request.query)
+        if len(keys) != len(request.query):  # a parameter given twice: which one counts would be a guess
+            repeated = ", ".join(sorted(k for k in keys if len(request.query.getall(k)) > 1))
+            raise BadRequest(f"invalid WatchQuery: {repeated}: given more than once")
         try:
             query = WatchQuery.model_validate(dict(request.query))
         except ValidationError as e:
@@ -78,8 +83,7 @@ class WatchSocketEndpoint:
         group, incarnation, rank = query.group, query.incarnation, query.rank
         name_sender(request, group, incarnation)
         actor = actor_of(request)
-        if rank == 0:  # 403/410 (an id outside the job's, an evicted incarnation) before the upgrade
-            self._beat(group, incarnation, actor, "watch socket", WatchHeartbeat(step=0))
+        self.core.check_group(group)  # any rank's socket: 403 for an id outside the job's, before anything is kept
         asked: list[WatchAsk] = []  # this socket's quorum requests (the last one may be pending)
 
         def on_text(data: str) -> None:
@@ -104,6 +108,11 @@ class WatchSocketEndpoint:
                 ws.hang_up(1011, "internal error")
 
         ws = WatchWebSocket(on_text)
+        if not ws.can_prepare(request).ok:  # before rank 0 joins: a request that cannot become a socket changes nothing
+            raise BadRequest(f"GET {contract.PATH_WATCH} is a WebSocket: send its upgrade handshake (Connection: "
+                             "Upgrade, Upgrade: websocket, Sec-WebSocket-Key, Sec-WebSocket-Version: 13)")  # fmt: skip
+        if rank == 0:  # 403/410 (an id outside the job's, an evicted incarnation) before the upgrade
+            self._beat(group, incarnation, actor, "watch socket", WatchHeartbeat(step=0))
         await ws.prepare(request)
         entry = (incarnation, ws)
         self._watchers.setdefault(group, set()).add(entry)

@@ -19,8 +19,8 @@
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["create", "delete"]
-# The per-job lighthouse token and TLS Secret (CA + certificates): created once, read back by name. No list/watch: no
-# other Secret is visible.
+# The per-job Secrets: the workers' and the operator's lighthouse tokens and the TLS Secret (CA + certificates), each
+# created once and read back by name. No list/watch: no other Secret is visible.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create", "get"]
