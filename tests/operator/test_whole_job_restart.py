@@ -73,19 +73,25 @@ def first_commit_after(records: Path, t: float) -> float:
 
 def check_restored_run(records: Path, groups: set[str], steps: int, restores: list[tuple[float, int]],
                        starts: int) -> None:  # fmt: skip
-    """Exactly-once samples over the history that survived: the commits each restore gave up (made before its loss,
-    above its step) are dropped, and the steps trained again must have trained the same samples. Within each
-    process a group's steps only go up (a jump is a heal); every group ends at the last step with one digest."""
+    """Exactly-once samples over the history that survived: the commits a restore gave up (made by the processes it
+    replaced, above the step it went on from) are dropped, and what is left must cover the sample stream once. (A
+    step trained again may split its samples otherwise: a group that heals at the restore does not contribute.)
+    Within each process a group's steps only go up (a jump is a heal); every group ends at the last step with one
+    digest."""
     by_group = read_run_dir(records)
     assert set(by_group) == groups, sorted(by_group)
     kept: dict[str, list[Any]] = {}
-    given_up: dict[int, tuple[int, int]] = {}
+    given_up = 0
     for group, recs in by_group.items():
         assert sum(isinstance(r, StartRecord) for r in recs) == starts, f"group {group}: {starts} starts expected"
+        # each restore replaced the processes running at the loss: their commits end at the group's next start
+        ends = [
+            (min(r.t for r in recs if isinstance(r, StartRecord) and r.t > lost_at), step) for lost_at, step in restores
+        ]
         out = []
         for r in recs:
-            if isinstance(r, CommitRecord) and any(r.t < lost_at and r.step > step for lost_at, step in restores):
-                given_up[r.step] = (r.cursor, r.step_samples)
+            if isinstance(r, CommitRecord) and any(r.t < end and r.step > step for end, step in ends):
+                given_up += 1
                 continue
             out.append(r)
         kept[group] = out
@@ -97,11 +103,9 @@ def check_restored_run(records: Path, groups: set[str], steps: int, restores: li
                 assert not segment or r.step > segment[-1], f"group {group} went back within one process: {r.step}"
                 assert not segment or r.step == segment[-1] + 1 or r.healed, f"group {group} skipped to {r.step}"
                 segment.append(r.step)
+    assert given_up, "no commit was given up: the restores lost nothing, so this run proves nothing"
     cov = sample_coverage(kept)
     assert (cov.dropped, cov.duplicated, cov.inconsistent_steps, cov.shard_errors) == (0, 0, [], []), cov
-    retrained = {r.step: (r.cursor, r.step_samples) for recs in kept.values() for r in recs
-                 if isinstance(r, CommitRecord) and r.step in given_up}  # fmt: skip
-    assert retrained and all(retrained[s] == given_up[s] for s in retrained), "a step trained again other samples"
     finals = {}
     for group, recs in by_group.items():
         done = [r for r in recs if isinstance(r, FinishedRecord)]
@@ -171,7 +175,8 @@ def test_the_lighthouse_and_every_worker_lost_together_without_checkpoints_resta
     wait_for(lambda: lighthouse_status(kube.core, namespace, "wl").max_step >= 15, 300, "15 committed steps")
     lost_at = lose_every_pod(kube, namespace, "wl", lighthouse_too=True)
     restored = restored_after(kube, namespace, "wl", 0)
-    assert restored["toStep"] == 0 and restored["fromStep"] >= 15, restored
+    # fromStep is the last step the operator saw (its poll may trail the lighthouse by a couple of steps)
+    assert restored["toStep"] == 0 and restored["fromStep"] >= 10, restored
     back = wait_for(lambda: first_commit_after(records, lost_at), 240, "a commit after the loss")
     print(f"\nlighthouse and all workers lost at step {restored['fromStep']}, no checkpoints: restarted from step 0; "
           f"loss -> first commit {back - lost_at:.1f} s")  # fmt: skip
