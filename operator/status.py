@@ -327,6 +327,8 @@ def _conditions(
                 f"no quorum is possible: {lighthouse_down}; {running} of {spec.total_groups} replica groups "
                 f"running (minReplicas={spec.min_replicas})",
             )
+        if not running_c[0] and not degraded_c[0]:  # paused while every pod runs: the job is degraded, say why
+            degraded_c = (True, running_c[1], running_c[2])
     want: dict[str, tuple[bool, str, str]] = {
         "Created": (True, "ResourcesCreated", "the lighthouse, Services and worker pods were created"),
         "Running": running_c,

@@ -250,3 +250,14 @@ def test_a_running_lighthouse_with_enough_groups_is_quorum_possible():
     old = _running(_with_lighthouse(lighthouse()), generation=1)  # generation 0 runs on, its successor does not
     assert old["reason"] == REASON_LIGHTHOUSE_NOT_RUNNING, "only the current generation's pod counts"
     assert "lighthouse pod demo-lighthouse-1 does not exist yet" in old["message"], old
+
+
+def test_a_job_paused_while_every_group_runs_reads_degraded_not_created():
+    s = spec()
+    r = run(s, steady(s), healthy_job(s))
+    status = build_status(job=JOB, spec=s, state=r.state, phases=r.group_phases,
+                          pods=_with_lighthouse(lighthouse(phase="Pending")), lighthouse=None, previous=None,
+                          generation=1, now=NOW)  # fmt: skip
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", REASON_LIGHTHOUSE_NOT_RUNNING), degraded
+    assert status["phase"] == "Degraded", status["phase"]
