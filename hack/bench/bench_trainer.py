@@ -16,7 +16,9 @@ in the same run.
 FTJOB_METRICS_DISABLED=1); ``both`` runs ours both ways in every round (on, off, DDP, ...) and prints the ratio of
 medians on ÷ off: the metrics hooks' cost on the step time (no scrapes: each rank's server idles unless scraped).
 ``--guard`` does the same for the gradient guard (ftjob.ft.guard; ``on`` as shipped, ``off``: FTJOB_GRADIENT_GUARD=0):
-``both`` runs ours both ways in every round and prints the guard's cost on ÷ off. Every run also times one state digest
+``both`` runs ours both ways in every round and prints the guard's cost on ÷ off, and also runs ours with the guard's
+sketch check (FTJOB_GUARD_SKETCH) the other way than ``--sketch`` sets it for ours (default: as shipped, off), and
+prints that check's cost, sketch on ÷ off, beside it. Every run also times one state digest
 (ftjob.ft.integrity: the model's parameters and AdamW state, sha256) of the same model in this process, and prints it
 as a share of the step time at the default interval (every 100 committed steps).
 
@@ -26,7 +28,7 @@ requests; gloo's and torch's own threads carry their kernel names), measured fro
 plus the CPU of the run's other processes (the lighthouse), start-up included.
 
   $(hack/lib/python-env.sh)/bin/python hack/bench/bench_trainer.py [--steps 40] [--rounds 3] [--model small]
-      [--metrics on|off|both] [--guard on|off|both] [--skip-torchft]
+      [--metrics on|off|both] [--guard on|off|both] [--sketch on|off] [--skip-torchft]
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from pathlib import Path
 from ddp_baseline import run_ddp
 from ftjob import cli, contract
 from ftjob.ft.digest import local_digest, replica_tensors
+from ftjob.ft.guard import DEFAULT_SKETCH
 from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY
 from ftjob.ft.records import CommitRecord, read_run_dir
 from ftjob.gpt.config import TrainConfig
@@ -130,7 +133,18 @@ def round_line(step_s: dict[str, float]) -> str:
         line += f"; metrics on ÷ off {ours / off:.3f}"
     if (off := step_s.get("ftjob guard off")) is not None:
         line += f"; guard on ÷ off {ours / off:.3f}"
+    if (ratio := sketch_ratio(step_s)) is not None:
+        line += f"; sketch on ÷ off {ratio:.3f}"
     return line
+
+
+def sketch_ratio(step_s: dict[str, float]) -> float | None:
+    """The sketch check's cost, on ÷ off, when a round ran ours both ways (ours runs it as ``--sketch`` says)."""
+    if (off := step_s.get("ftjob sketch off")) is not None:
+        return step_s["ftjob"] / off
+    if (on := step_s.get("ftjob sketch on")) is not None:
+        return on / step_s["ftjob"]
+    return None
 
 
 def median_gap(times: list[float], warmup: int) -> float:
@@ -140,13 +154,14 @@ def median_gap(times: list[float], warmup: int) -> float:
     return statistics.median(b - a for a, b in itertools.pairwise(ts))
 
 
-def run_ours(work: Path, a: argparse.Namespace, metrics: bool = True, guard: bool = True) -> Run:
+def run_ours(work: Path, a: argparse.Namespace, metrics: bool = True, guard: bool = True, sketch: bool = False) -> Run:
     run_dir = work / "run"
     # The launcher passes no FTJOB_* variable of its own environment on, so the switch rides on the command: the
     # reference trainer's command with the launcher's flags, behind `env` for both settings alike.
     trainer = [sys.executable, "-m", "ftjob.gpt", f"--model={a.model}", f"--steps={a.steps}"]
     trainer += [f"--batch-size={a.batch_size}", f"--run-dir={run_dir}", "--log-every=10", "--min-step-seconds=0.0"]
     switches = [f"{contract.ENV_METRICS_DISABLED}={0 if metrics else 1}", f"{contract.ENV_GUARD}={1 if guard else 0}"]
+    switches.append(f"{contract.ENV_GUARD_SKETCH}={1 if sketch else 0}")
     cpu_before = children_cpu_s()
     rc = cli.main(
         [
@@ -244,13 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--guard", choices=("on", "off", "both"), default="on", help="ours with the gradient guard on/off/both"
     )
+    p.add_argument(
+        "--sketch",
+        choices=("on", "off"),
+        default="on" if DEFAULT_SKETCH else "off",
+        help="ours with the guard's sketch check on/off (--guard both also runs ours the other way)",
+    )
     p.add_argument("--skip-torchft", action="store_true", help="leave torchft out even if it is installed")
     p.add_argument("--json", type=Path, help="also write the figures here")
     a = p.parse_args(argv)
     # Every side's workers start with one OpenMP thread, as our launcher starts its ranks: the DDP ranks set it
     # only after importing torch, too late, and the idle OpenMP thread that then stays costs time on a busy host.
     os.environ["OMP_NUM_THREADS"] = "1"
-    sides = ["ftjob"] + ["ftjob metrics off"] * (a.metrics == "both") + ["ftjob guard off"] * (a.guard == "both")
+    other_sketch = f"ftjob sketch {'off' if a.sketch == 'on' else 'on'}"
+    sides = ["ftjob"] + ["ftjob metrics off"] * (a.metrics == "both")
+    sides += ["ftjob guard off", other_sketch] * (a.guard == "both")
     sides += ["DDP"] + ["torchft"] * (HAVE_TORCHFT and not a.skip_torchft)
     runs: dict[str, list[Run]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
@@ -263,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                     run = run_torchft(work, a)
                 else:
                     metrics = a.metrics != "off" and side != "ftjob metrics off"
-                    run = run_ours(work, a, metrics=metrics, guard=a.guard != "off" and side != "ftjob guard off")
+                    guard = a.guard != "off" and side != "ftjob guard off"
+                    sketch = (a.sketch == "on") != (side == other_sketch)
+                    run = run_ours(work, a, metrics=metrics, guard=guard, sketch=sketch)
                 runs[side].append(run)
                 show(side, run)
             print(f"[bench] round {i + 1}/{a.rounds}: " + round_line({s: r[-1].step_s for s, r in runs.items()}))
@@ -271,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     step = {side: [r.step_s for r in rs] for side, rs in runs.items()}
     ours, ddp, tft = step["ftjob"], step["DDP"], step.get("torchft", [])
     ours_off, guard_off = step.get("ftjob metrics off", []), step.get("ftjob guard off", [])
+    sketch_other = step.get(other_sketch, [])
+    medians = {side: statistics.median(s) for side, s in step.items()}
     for side, rs in runs.items():  # the phases and CPU of every side, medians over the rounds
         show(
             f"{side} (medians of {a.rounds} rounds)",
@@ -302,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         "guard": a.guard,
         "ftjob_guard_off_step_s": guard_off or None,  # None: not measured (--guard on|off)
         "ratio_guard_on_over_off": statistics.median(ours) / statistics.median(guard_off) if guard_off else None,
+        "sketch": a.sketch,  # ours' setting of the guard's sketch check
+        "ftjob_sketch_other_step_s": sketch_other or None,  # ours with the sketch check the other way (--guard both)
+        "ratio_sketch_on_over_off": sketch_ratio(medians),
         "digest_s": digest_s,
         "digest_share_of_step_time": digest_share,  # at the default interval, DEFAULT_DIGEST_EVERY steps
         "runs": {side: [dataclasses.asdict(r) for r in rs] for side, rs in runs.items()},  # phases, CPU per round
@@ -325,8 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if guard_off:
         print(
-            f"[bench] gradient guard on ÷ off step time: {figures['ratio_guard_on_over_off']:.3f} (medians of "
-            f"{a.rounds} interleaved rounds)"
+            f"[bench] gradient guard on ÷ off step time: {figures['ratio_guard_on_over_off']:.3f}; its sketch check "
+            f"on ÷ off: {figures['ratio_sketch_on_over_off']:.3f} (medians of {a.rounds} interleaved rounds; ours "
+            f"runs with the sketch check {a.sketch})"
         )
     print(
         f"[bench] one state digest of the {a.model} model + AdamW state: {digest_s * 1e3:.1f} ms = "

@@ -72,3 +72,10 @@ def test_the_reference_trainer_reads_the_integrity_env_and_its_flags_win() -> No
         _train_cfg({}, "--guard-norm-ratio=1")
     with pytest.raises(ValueError, match=f"{contract.ENV_DIGEST_EVERY}='often' is not a number"):
         _train_cfg({contract.ENV_DIGEST_EVERY: "often"})
+
+
+def test_the_reference_trainer_reads_the_sketch_switch_and_its_flag_wins() -> None:
+    assert _train_cfg({}).guard_sketch is False
+    assert _train_cfg({contract.ENV_GUARD_SKETCH: "1"}).guard_sketch is True
+    assert _train_cfg({contract.ENV_GUARD_SKETCH: "1"}, "--guard-sketch=off").guard_sketch is False
+    assert _train_cfg({}, "--guard-sketch=on").guard_sketch is True

@@ -157,7 +157,7 @@ def test_bad_input_to_the_new_fields_gets_a_clear_400_and_changes_nothing(tmp_pa
             ),
             (
                 {"guard_verdict": {**good, "offenders": [{**offence, "kind": "weird"}]}},
-                "guard_verdict.offenders.0.kind: Input should be 'nonfinite' or 'norm_outlier'",
+                "guard_verdict.offenders.0.kind: Input should be 'nonfinite', 'norm_outlier' or 'norm_mismatch'",
             ),
             (
                 {"guard_verdict": {**good, "offenders": [{**offence, "norm": -1.0}]}},

@@ -4,9 +4,13 @@
     group=1,kind=scale,factor=1000,step=20,count=3   its gradient buckets x1000, likewise
     group=2,kind=bitflip,step=30                the lowest mantissa bit of one element of one parameter flipped
                                                 right after the commit of step 30 (once)
+    group=1,kind=misreport,factor=1000,step=20  its buckets x1000, but it reports the norm of its clean gradient
+    group=1,kind=lie,factor=1000,step=20        likewise, and its sketch (the guard's sketch check) is of the clean
+                                                gradient too: a group lying to the guard wherever it can
 
-Gradient faults corrupt the buckets before the guard computes their norm (the guard sees what a peer would receive);
-an attempt counts only when this group contributes. Only the named group's first incarnation (FTJOB_GENERATION unset
+``nan`` and ``scale`` corrupt the buckets before the guard computes their norm (the guard sees what a peer would
+receive), as a faulty GPU would; ``misreport`` and ``lie`` after it, as a lying group would. An attempt counts only
+when this group contributes. Only the named group's first incarnation (FTJOB_GENERATION unset
 or "0") injects, so the replacement the lighthouse and the operator bring up trains cleanly.
 """
 
@@ -25,8 +29,23 @@ from ftjob.ft.recovery_codec import local_part
 
 log = logging.getLogger("ftjob.fault_injection")
 
-Kind = Literal["nan", "scale", "bitflip"]
+Kind = Literal["nan", "scale", "bitflip", "lie", "misreport"]
+KINDS = ("nan", "scale", "bitflip", "lie", "misreport")
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True)
+class GradientFault:
+    """One step attempt's gradient fault: ``corrupt`` changes each bucket in place before it is sent. A lying fault
+    takes the bucket's norm for its report before corrupting it (``hides_norm``) and, for the guard's sketch,
+    claims to have sent ``claim(bucket as sent)`` (None: its sketch tells the truth)."""
+
+    corrupt: Callable[[torch.Tensor], None]
+    hides_norm: bool = False
+    claim: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def __call__(self, flat: torch.Tensor) -> None:
+        self.corrupt(flat)
 
 
 @dataclass
@@ -49,9 +68,10 @@ class FaultInjection:
         missing = {"group", "kind", "step"} - fields.keys()
         if missing:
             raise ValueError(f"{contract.ENV_FAULT_INJECTION}={spec!r} lacks {sorted(missing)}")
-        if fields["kind"] not in ("nan", "scale", "bitflip"):
+        if fields["kind"] not in KINDS:
             raise ValueError(
-                f"{contract.ENV_FAULT_INJECTION}: kind must be nan, scale or bitflip, got {fields['kind']!r}"
+                f"{contract.ENV_FAULT_INJECTION}: kind must be nan, scale or bitflip (or, lying to the guard, lie or "
+                f"misreport), got {fields['kind']!r}"
             )
         try:
             fault = cls(
@@ -64,8 +84,15 @@ class FaultInjection:
         except ValueError:
             raise ValueError(f"{contract.ENV_FAULT_INJECTION}={spec!r}: step and count must be integers, factor a "
                              "number") from None  # fmt: skip
-        if fault.step < 0 or fault.count < 1 or not math.isfinite(fault.factor):
-            raise ValueError(f"{contract.ENV_FAULT_INJECTION}={spec!r}: step >= 0, count >= 1, finite factor")
+        if (
+            fault.step < 0
+            or fault.count < 1
+            or not math.isfinite(fault.factor)
+            or (fault.kind == "lie" and not fault.factor)
+        ):
+            raise ValueError(
+                f"{contract.ENV_FAULT_INJECTION}={spec!r}: step >= 0, count >= 1, finite factor (not 0 for lie)"
+            )
         return fault
 
     @classmethod
@@ -80,16 +107,24 @@ class FaultInjection:
             return None
         return fault
 
-    def corruption(self, step: int, contributing: bool) -> Callable[[torch.Tensor], None] | None:
+    def corruption(self, step: int, contributing: bool) -> GradientFault | None:
         """What to do to each gradient bucket this step attempt (None: nothing); counts the attempt."""
         if self.kind == "bitflip" or not contributing or step < self.step or self.count <= 0:
             return None
         self.count -= 1
         log.warning("fault injection: %s gradient of group %s at step %d", self.kind, self.group, step)
         if self.kind == "nan":
-            return _poison
+            return GradientFault(_poison)
         factor = self.factor
-        return lambda flat: flat.mul_(factor)
+
+        def scale(flat: torch.Tensor) -> None:
+            flat.mul_(factor)
+
+        if self.kind == "scale":
+            return GradientFault(scale)
+        if self.kind == "misreport":
+            return GradientFault(scale, hides_norm=True)
+        return GradientFault(scale, hides_norm=True, claim=lambda sent: sent / factor)
 
     def flip_due(self, step: int) -> bool:
         """True once: at the first step boundary at or after the bit-flip step."""

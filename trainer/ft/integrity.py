@@ -3,10 +3,11 @@ replicas' state digests every ``digest_every`` committed steps, what rank 0 repo
 its next quorum request, and the fault injection tests use (ftjob.ft.fault_injection).
 
 Guard. The group's unanimous commit vote carries every rank's row of the guard's table (the all-reduce across the
-groups brought rank i the sums of squares of shard i of every group) and sums them, so every rank of every group
-judges every group's whole gradient from the same numbers (ftjob.ft.guard) and reaches the same verdict: a refused
-step fails in every group alike and no group commits it. Rank 0 reports the offenders, once, in the next
-QuorumRequest.guard_verdict.
+groups brought rank i the sums of squares of shard i of every group; with the sketch check, the all-gather brought
+rank i every group's sketches of shard i) and sums them, so every rank of every group judges every group's whole
+gradient from the same numbers (ftjob.ft.guard) and reaches the same verdict: a refused step fails in every group
+alike and no group commits it. Rank 0 reports the offenders, once, in the next QuorumRequest.guard_verdict (a sketch
+mismatch names nobody: nothing to report).
 
 Digests. At the step boundary after the commit that made ``step`` a multiple of ``digest_every`` (the start of the
 next step: the optimizer has applied that commit by then), the group hashes its parameters and optimizer state (not
@@ -25,7 +26,7 @@ import torch
 from ftjob.contract.lighthouse_api import GuardOffence, GuardVerdict, StateDigest
 from ftjob.ft import guard
 from ftjob.ft.digest import combine, local_digest
-from ftjob.ft.fault_injection import FaultInjection, flip_lowest_bit
+from ftjob.ft.fault_injection import FaultInjection, GradientFault, flip_lowest_bit
 from ftjob.ft.manager_group import InGroup
 from ftjob.ft.metrics import TrainerMetrics
 
@@ -77,28 +78,39 @@ class Integrity:
             if self._in_group.rank == 0:
                 self._digest = StateDigest(step=step, digest=digest)
 
-    def corruption(self, step: int, contributing: bool) -> Callable[[torch.Tensor], None] | None:
+    def corruption(self, step: int, contributing: bool) -> GradientFault | None:
         return self.fault.corruption(step, contributing) if self.fault is not None else None
 
     # --- the guard -----------------------------------------------------------------------------------------------
-    def vote(self, ok: bool, table: list[list[float]] | None, rows: int) -> tuple[bool, str | None]:
+    def vote(
+        self, ok: bool, table: list[list[float]] | None, rows: int, roundoff: float = guard.FLOAT32_ROUNDOFF
+    ) -> tuple[bool, str | None]:
         """The group's unanimous vote on the step, and the guard's verdict on it when every rank says yes: whether
         the step commits, and why the guard refused it (None: it did not). ``table``: this rank's all-reduced guard
-        table (ftjob.ft.grad_sync), ``rows`` the quorum's groups (the same on every rank, so every vote matches)."""
+        table, or its gathered sketch rows (ftjob.ft.grad_sync), ``rows`` the quorum's groups (the same on every
+        rank, so every vote matches), ``roundoff`` the gradient buckets' unit roundoff (the sketch check)."""
         self._offences = []
         if not self.guard.enabled:
             return self._in_group.all_true(ok), None
-        ok, summed = self._in_group.all_true_summing(ok, table, rows, guard.COLUMNS)
+        columns = guard.SKETCH_COLUMNS if self.guard.sketch else guard.COLUMNS
+        ok, summed = self._in_group.all_true_summing(ok, table, rows, columns)
         if not ok:
             return False, None
-        self._offences = guard.judge(
-            guard.contributions(guard.whole_groups(summed, self._in_group.world_size)),
-            self.guard.norm_ratio,
-            self.loss_scaling,
-        )
+        shards = self._in_group.world_size
+        if self.guard.sketch:
+            rows_ = guard.sketch_rows(summed, shards)
+            verdict = guard.judge_sketches(rows_, self.guard.norm_ratio, self.loss_scaling, roundoff)
+        else:
+            offences = guard.judge(
+                guard.contributions(guard.whole_groups(summed, shards)), self.guard.norm_ratio, self.loss_scaling
+            )
+            verdict = guard.Verdict(offences, guard.describe(offences, self.guard.norm_ratio) if offences else None)
+        self._offences = verdict.offences
         for o in self._offences:
             self._metrics.guard_offence(o.kind)
-        return (False, guard.describe(self._offences, self.guard.norm_ratio)) if self._offences else (True, None)
+        if verdict.unattributed:
+            self._metrics.guard_offence("sketch_mismatch")
+        return (False, verdict.refused) if verdict.refused is not None else (True, None)
 
     def after_vote(self, committed: bool, quorum_id: int, step: int) -> None:
         """After the vote: rank 0 keeps a refused step's verdict for the next request."""

@@ -12,7 +12,8 @@ Step protocol (the lighthouse API is ftjob.contract.lighthouse_api):
                           With register_params() (one rank per group) the buckets' all-reduces already start
                           during the backward pass; this call then only waits for them.
   should_commit()         unanimous vote inside the group, with the gradient guard's verdict on every group's whole
-                          gradient (ftjob.ft.guard): a refused step fails in every group. The step moves on a commit.
+                          gradient (ftjob.ft.guard; with its sketch check, on norms every group checked against the
+                          sum): a refused step fails in every group. The step moves on a commit.
   prefetch_quorum()       optional, after a commit: asks for the next step's quorum while the optimizer steps.
 Every ``digest_every`` steps the group reports a digest of its parameters and optimizer state (ftjob.ft.integrity).
 Failures never block longer than ``collective_timeout_s``, and the lighthouse's abort signal (a member evicted,
@@ -38,7 +39,7 @@ from ftjob.contract.tls import TlsConfig
 from ftjob.ft.control_plane import ControlPlane
 from ftjob.ft.gc_freeze import freeze_loaded
 from ftjob.ft.grad_sync import GradientSync
-from ftjob.ft.guard import DEFAULT_NORM_RATIO, GuardConfig
+from ftjob.ft.guard import DEFAULT_NORM_RATIO, GuardConfig, sketch_from_environ
 from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY, Integrity
 from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
 from ftjob.ft.manager_group import InGroup
@@ -78,6 +79,7 @@ class ManagerConfig:
     # integrity (ftjob.ft.integrity; the same in every group: the guard adds a collective to every step)
     gradient_guard: bool = True
     guard_norm_ratio: float = DEFAULT_NORM_RATIO
+    guard_sketch: bool = field(default_factory=sketch_from_environ)  # norms the groups check (FTJOB_GUARD_SKETCH)
     digest_every: int = DEFAULT_DIGEST_EVERY  # committed steps between state digests (needs replica_state; 0: never)
     # TLS to the lighthouse and between recovery servers: the FTJOB_TLS_* files of the env contract (None: plain HTTP)
     tls: TlsConfig | None = field(default_factory=TlsConfig.from_environ)
@@ -115,9 +117,11 @@ class Manager:
         self._t_quorum_start = self._t_quorum_end = self._t_reduce_start = self._t_reduce_end = 0.0
         self._group = InGroup(cfg.rank, cfg.world_size)
         self._pg = CrossGroupPG(cfg.rank, cfg.advertise_addr, cfg.store_port, cfg.device, cfg.collective_timeout_s)
-        guard, tm = GuardConfig(cfg.gradient_guard, cfg.guard_norm_ratio), self.trainer_metrics
+        guard, tm = GuardConfig(cfg.gradient_guard, cfg.guard_norm_ratio, cfg.guard_sketch), self.trainer_metrics
         self._integrity = Integrity(cfg.group, self._group, tm, guard, cfg.digest_every, replica_state)
-        self._grads = GradientSync(self._pg, cfg.bucket_bytes, cfg.world_size == 1, guard.enabled, int(cfg.group))
+        self._grads = GradientSync(
+            self._pg, cfg.bucket_bytes, cfg.world_size == 1, guard.enabled, int(cfg.group), guard.sketch
+        )
         self._recovery = RecoveryServer(cfg.token, cfg.advertise_addr, cfg.recovery_port, tls=cfg.tls)
         # only rank 0 talks to the lighthouse; the group link reaches the other ranks
         self._control = ControlPlane(cfg, self._on_abort, self.trainer_metrics.lighthouse_reconnected)
@@ -352,7 +356,8 @@ class Manager:
                 "min_replicas",
             )
             ok = False
-        ok, refused = self._integrity.vote(ok, self._grads.guard_table, self._info.participants if self._info else 0)
+        participants = self._info.participants if self._info else 0
+        ok, refused = self._integrity.vote(ok, self._grads.guard_table, participants, self._grads.roundoff)
         if refused is not None:
             self._fail(refused, "guard")  # every group judged the same numbers: no group commits this step
         self._integrity.after_vote(ok, self._info.quorum_id if self._info else self._quorum_id, self.step)

@@ -28,7 +28,8 @@ STATES = ("contributing", "spare", "healing")
 PHASES = ("quorum", "compute", "allreduce", "commit")  # what the Manager times itself; loops may add more
 # Why a step did not commit (bounded label values; the free-text reason goes to the log and manager.last_error)
 FAILURE_REASONS = ("collective", "process_group", "heal", "min_replicas", "peer", "guard")
-GUARD_KINDS = ("nonfinite", "norm_outlier")  # ftjob.contract.lighthouse_api.GuardKind
+# ftjob.contract.lighthouse_api.GuardKind, and the sketch check's refusals that name nobody (ftjob.ft.guard)
+GUARD_KINDS = ("nonfinite", "norm_outlier", "norm_mismatch", "sketch_mismatch")
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 HEAL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TOKEN_WINDOW_S = 1.0  # tokens/s is the rate over at least this long (one step's rate is too jittery)

@@ -221,6 +221,22 @@ class CrossGroupPG:
             self._wake.clear()
         self._check(works)
 
+    def allgather(self, row: torch.Tensor, should_abort: Callable[[], bool]) -> torch.Tensor:
+        """Every member's ``row``, stacked in replica-rank order. Unlike the rows of a summed table, each row here
+        comes from its own member alone: nobody can write into another's. Raises CollectiveError as the others."""
+        if self.world == 1:
+            return row.unsqueeze(0).clone()
+        if self._pg is None:
+            raise CollectiveError("no process group for this quorum (its construction failed)")
+        rows = [torch.empty_like(row) for _ in range(self.world)]
+        try:
+            work = self._pg.allgather([rows], [row])
+        except Exception as e:
+            self.retire()
+            raise CollectiveError(f"all-gather could not start: {e}") from e
+        self.allreduce_wait([work], should_abort)
+        return torch.stack(rows)
+
     def _check(self, works: list[Any]) -> None:
         for w in works:
             try:

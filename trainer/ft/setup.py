@@ -43,8 +43,8 @@ def init(
     copies one reference group's state, so groups never train from different initial weights. Checkpoints for
     whole-job restarts go to ``checkpoint_dir`` (env FTJOB_CHECKPOINT_DIR) every ``checkpoint_every`` committed
     steps (env FTJOB_CHECKPOINT_EVERY; 0: never). Other keywords override ManagerConfig fields, e.g.
-    ``gradient_guard`` (env FTJOB_GRADIENT_GUARD), ``guard_norm_ratio`` (FTJOB_GUARD_NORM_RATIO) and ``digest_every``
-    (FTJOB_DIGEST_EVERY).
+    ``gradient_guard`` (env FTJOB_GRADIENT_GUARD), ``guard_norm_ratio`` (FTJOB_GUARD_NORM_RATIO), ``guard_sketch``
+    (FTJOB_GUARD_SKETCH) and ``digest_every`` (FTJOB_DIGEST_EVERY).
     """
     global _current
     if _current is not None:
@@ -78,6 +78,7 @@ def init(
         sync_at_start=sync_at_start,
         gradient_guard=guard.enabled,
         guard_norm_ratio=guard.norm_ratio,
+        guard_sketch=guard.sketch,
         digest_every=_env_number(contract.ENV_DIGEST_EVERY, int, ManagerConfig.digest_every),
     )
     ckpt = checkpoint_dir or os.environ.get(contract.ENV_CHECKPOINT_DIR) or None

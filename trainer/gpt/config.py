@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftjob import contract
-from ftjob.ft.guard import DEFAULT_NORM_RATIO, GuardConfig
+from ftjob.ft.guard import DEFAULT_NORM_RATIO, DEFAULT_SKETCH, GuardConfig
 from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY
 from ftjob.gpt.data import DEFAULT_MAX_BYTES
 from ftjob.gpt.model import PRESETS
@@ -52,6 +52,7 @@ class TrainConfig:
     # integrity (ftjob.ft.integrity): the gradient guard and the state digests
     gradient_guard: bool = True
     guard_norm_ratio: float = DEFAULT_NORM_RATIO
+    guard_sketch: bool = DEFAULT_SKETCH
     digest_every: int = DEFAULT_DIGEST_EVERY
     # outputs
     run_dir: Path | None = None
@@ -125,6 +126,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
       f"(env {contract.ENV_GUARD}; default on)")  # fmt: skip
     a("--guard-norm-ratio", type=float, help=f"a group's gradient norm above this x the others' median is refused "
       f"(env {contract.ENV_GUARD_NORM_RATIO}; default {DEFAULT_NORM_RATIO:g})")  # fmt: skip
+    a("--guard-sketch", choices=["on", "off"], help="judge gradient norms every group checks against the sum "
+      f"(random-projection sketches; env {contract.ENV_GUARD_SKETCH}; default "
+      f"{'on' if DEFAULT_SKETCH else 'off'})")  # fmt: skip
     a("--digest-every", type=int, help=f"report a state digest every N committed steps (env "
       f"{contract.ENV_DIGEST_EVERY}; default {DEFAULT_DIGEST_EVERY}; 0: never)")  # fmt: skip
     a("--run-dir", type=Path, help="write this group's progress/commit records here (group-<g>.jsonl)")
@@ -210,6 +214,7 @@ def from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -
         ),
         gradient_guard=args.gradient_guard == "on" if args.gradient_guard else guard_env.enabled,
         guard_norm_ratio=pick(args.guard_norm_ratio, guard_env.norm_ratio, d.guard_norm_ratio),
+        guard_sketch=args.guard_sketch == "on" if args.guard_sketch else guard_env.sketch,
         digest_every=pick(args.digest_every, int(digest_env) if digest_env else None, d.digest_every),
         run_dir=args.run_dir,
         log_every=pick(args.log_every, None, d.log_every),

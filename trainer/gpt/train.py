@@ -229,6 +229,7 @@ class Trainer:
                 device=cfg.device,
                 gradient_guard=cfg.gradient_guard,
                 guard_norm_ratio=cfg.guard_norm_ratio,
+                guard_sketch=cfg.guard_sketch,
                 digest_every=cfg.digest_every,
             ),
             self.state_dict,
