@@ -66,9 +66,14 @@ def restored_after(kube, namespace: str, job: str, quorum_id: int, timeout: floa
 
 
 def first_commit_after(records: Path, t: float) -> float:
-    """When the first commit after ``t`` landed in any group (the run records' wall clock)."""
-    commits = [r.t for recs in read_run_dir(records).values() for r in recs if isinstance(r, CommitRecord) and r.t > t]
-    return min(commits)
+    """When the first commit of a process started after ``t`` landed, in any group (the run records' wall clock;
+    the processes being replaced may still commit a step or two while they are killed)."""
+    firsts = []
+    for recs in read_run_dir(records).values():
+        started = min((r.t for r in recs if isinstance(r, StartRecord) and r.t > t), default=None)
+        if started is not None:
+            firsts += [r.t for r in recs if isinstance(r, CommitRecord) and r.t > started][:1]
+    return min(firsts)
 
 
 def check_restored_run(records: Path, groups: set[str], steps: int, restores: list[tuple[float, int]],
