@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ftjob.operator.integrity import Drop
 from ftjob.operator.model import JobState, PodView
 
 
@@ -18,8 +19,8 @@ class Observed:
     # groups whose pods run but which stopped heartbeating to the lighthouse (hung or cut off): group -> why
     silent_groups: dict[int, str] = field(default_factory=dict)
     degraded_nodes: Mapping[str, str] = field(default_factory=dict)  # node -> why it is degrading (nodeHealth)
-    # group -> (wall time, the lighthouse's reason) of its latest eviction by the lighthouse for integrity
-    integrity_drops: Mapping[int, tuple[float, str]] = field(default_factory=dict)
+    # group -> its latest eviction by the lighthouse for integrity or a stall (at: wall time), and its generation
+    integrity_drops: Mapping[int, Drop] = field(default_factory=dict)
 
 
 @dataclass

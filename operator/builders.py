@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import math
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from ftjob import contract
@@ -390,11 +391,13 @@ def lighthouse_pod(
     restore_quorum_id: int = 0,
     restore_step: int = 0,
     restore_window_s: float | None = None,
+    group_generations: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     """The lighthouse pod. A replacement (the previous one was lost) starts from the last quorum id and committed
-    step the operator saw, so ids keep increasing and no quorum restarts below a step the groups committed. It
-    passes Pod Security Admission `restricted` and is Guaranteed QoS unless spec.lighthouse.resources says
-    otherwise."""
+    step the operator saw, so ids keep increasing and no quorum restarts below a step the groups committed, and
+    knows each group's running generation (`group_generations`) from its start, so a process of a replaced one is
+    refused even before the operator can call it. It passes Pod Security Admission `restricted` and is Guaranteed
+    QoS unless spec.lighthouse.resources says otherwise."""
     lh = spec.lighthouse
     containers = (spec.template.get("spec") or {}).get("containers") or [{}]
     image = lh.image or containers[0].get("image", "ftjob-trainer")
@@ -422,6 +425,8 @@ def lighthouse_pod(
         ]
         if restore_window_s is not None:
             env.append({"name": contract.ENV_RESTORE_WINDOW_S, "value": f"{restore_window_s:g}"})
+    if group_generations:
+        env.append({"name": contract.ENV_GROUP_GENERATIONS, "value": contract.format_generations(group_generations)})
     volumes: list[dict[str, Any]] = []
     if spec.tls.enabled:  # it serves TLS only, with the lighthouse pair (the CA for symmetry: never the CA's key)
         tls_volume, tls_mount, tls_env = _tls_files(job, pki.LIGHTHOUSE_CERT, pki.LIGHTHOUSE_KEY)

@@ -5,13 +5,15 @@ counters in .status. Pure: no client, no clock.
 The lighthouse drops such a group at once (its history: "evicted: gradient_guard: ..." / "evicted: divergent: ...")
 and the evicted trainer exits non-zero by itself. The operator replaces the group as soon as it sees either: the
 eviction (then the pod's exit is an old generation's, never counted again) or the pod's exit (then the eviction in
-the lighthouse's history names the reason instead of ExitCode).
+the lighthouse's history names the reason instead of ExitCode). A drop that names its generation (the trainer sends
+FTJOB_GENERATION) counts only against that generation: a replaced process's late eviction is no failure of its
+replacement.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ftjob.contract.lighthouse_api import IntegrityStatus
 from ftjob.operator.failures import REASON_GRADIENT_GUARD, REASON_REPLICA_DIVERGENCE, REASON_STALLED, Failure
@@ -26,6 +28,16 @@ INTEGRITY_REASONS = frozenset({REASON_GRADIENT_GUARD, REASON_REPLICA_DIVERGENCE}
 COUNTERS = ("guardOffences", "guardEvictions", "divergences", "digestsCompared")
 
 
+class Drop(NamedTuple):
+    """A group's latest eviction by the lighthouse: when (in a LighthouseView, seconds before its answer; in
+    Observed, wall time), the lighthouse's reason, and the generation of the incarnation it dropped (None: that
+    trainer did not say which)."""
+
+    at: float
+    reason: str
+    generation: int | None = None
+
+
 def integrity_reason(drop_reason: str) -> str | None:
     """GradientGuard / ReplicaDivergence for a lighthouse history drop reason of an integrity eviction, else None."""
     if not drop_reason.startswith(EVICTED):
@@ -34,19 +46,24 @@ def integrity_reason(drop_reason: str) -> str | None:
     return next((reason for verdict, reason in VERDICTS.items() if why.split(":", 1)[0].strip() == verdict), None)
 
 
-def eviction_of_generation(g: GroupState, current: list[PodView], drop: tuple[float, str] | None) -> str | None:
-    """The lighthouse's reason when `drop` (wall time, reason of the group's latest integrity eviction) concerns the
-    group's current generation: it happened after this generation began. An earlier generation's eviction stays in
-    the lighthouse's history long after that generation was replaced (perhaps for another reason first)."""
-    if drop is None or not current or g.migrating_from is not None:
+def eviction_of_generation(g: GroupState, current: list[PodView], drop: Drop | None) -> str | None:
+    """The lighthouse's reason when `drop` (the group's latest integrity eviction) concerns the group's current
+    generation: the drop names it, or (a trainer that does not say) it happened after this generation began. An
+    earlier generation's eviction stays in the lighthouse's history long after that generation was replaced (perhaps
+    for another reason first), and a replaced process may even be evicted after its replacement began."""
+    if drop is None or not current:
+        return None
+    if drop.generation is not None:
+        return drop.reason if drop.generation == g.generation else None
+    if g.migrating_from is not None:
         return None  # (while migrating, an eviction may be the old generation's, which leaves anyway)
     began = g.generation_since
     if began is None:  # a status written before this field existed: the pods' creation (apiserver clock, seconds)
         created = [p.created for p in current if p.created is not None]
         began = max(created) if len(created) == len(current) else None
-    if began is None or drop[0] <= began:
+    if began is None or drop.at <= began:
         return None
-    return drop[1]
+    return drop.reason
 
 
 def integrity_failure(group: int, why: str, current: list[PodView], seen: Failure | None) -> Failure:
@@ -71,10 +88,10 @@ def failed_pods(pods: list[PodView], state: JobState) -> set[str]:
     }
 
 
-def integrity_drops(drops: Mapping[str, tuple[float, str]], view_at: float) -> dict[int, tuple[float, str]]:
-    """group -> (wall time, reason) of its latest integrity eviction, from a lighthouse view's drops (seconds before
-    the answer, reason) and the time the answer was read."""
-    return {int(g): (view_at - age, why) for g, (age, why) in drops.items() if g.isdigit()}
+def integrity_drops(drops: Mapping[str, Drop], view_at: float) -> dict[int, Drop]:
+    """group -> its latest integrity eviction at wall time, from a lighthouse view's drops (seconds before the
+    answer) and the time the answer was read."""
+    return {int(g): d._replace(at=view_at - d.at) for g, d in drops.items() if g.isdigit()}
 
 
 def status_integrity(

@@ -1,6 +1,7 @@
 """The part of a job's worker that talks to the job's lighthouse: which pod serves it, polling its status view (and
-judging from it which groups fell silent), evictions and hand-overs, and announcing starting groups and the desired
-contributor count. A mixin of JobWorker (worker.py), whose reconcile calls these in its order of effects."""
+judging from it which groups fell silent), evictions and hand-overs, and announcing starting groups, the desired
+contributor count and each group's running generation. A mixin of JobWorker (worker.py), whose reconcile calls these
+in its order of effects."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ LIGHTHOUSE_POLL_S = 2.0
 RETRY_S = 0.5
 
 
+def declared_generations(state: JobState) -> dict[int, int]:
+    """Each group's oldest generation that still runs, for the lighthouse to refuse older ones (their pods are gone or
+    going): the current one, or while a group migrates the one handing over (it trains on until its successor
+    registers)."""
+    return {i: g.generation if g.migrating_from is None else g.migrating_from for i, g in state.groups.items()}
+
+
 class JobLighthouse:
     """The lighthouse side of JobWorker: its state here, the rest (job, operator token, CA, Events) the worker's."""
 
@@ -38,7 +46,8 @@ class JobLighthouse:
 
     def _init_lighthouse(self) -> None:
         self.pending_starting: set[int] = set()
-        self.desired_acked: tuple[str, int, int] | None = None
+        # what the lighthouse last acknowledged: (its address, its generation, replicas, groups, group generations)
+        self.desired_acked: tuple[LighthouseEndpoint, int, int, int, tuple[tuple[int, int], ...]] | None = None
         self.lh_view: LighthouseView | None = None
         self.lh_polled = 0.0
         self.lh_retry_at = 0.0
@@ -82,7 +91,9 @@ class JobLighthouse:
         view = await self.lighthouse.status(base, self.operator_token)
         metrics.LIGHTHOUSE_CALLS.labels("status", "ok" if view else "error").inc()
         if view is not None:
-            if base != self.lh_polled_base:  # a new lighthouse: every group must be seen joining it again
+            # a new lighthouse (a replacement may even get its predecessor's IP): every group must be seen joining it
+            # again, and no group's absence from it counts from before that
+            if base != self.lh_polled_base or self.lh_view_generation != self.state.lighthouse_generation:
                 self.silence.new_lighthouse()
                 self.lh_polled_base = base
             self.lh_view = view
@@ -114,7 +125,8 @@ class JobLighthouse:
                 log.warning("%s/%s: lighthouse not told of group %s's hand-over", self.namespace, self.name, group)
 
     async def _tell_lighthouse(self, base: LighthouseEndpoint | None, spec: JobSpec, result: Result) -> bool:
-        """Starting groups and the desired contributor count; True when something must be retried."""
+        """Starting groups, the desired contributor count and the groups' generations (again whenever one changes);
+        True when something must be retried."""
         state = result.state
         if state.outcome is not None:
             self.pending_starting.clear()
@@ -125,15 +137,19 @@ class JobLighthouse:
             return True  # a pod event woke us; do not hammer a lighthouse that is still starting
         self.lh_retry_at = time.monotonic() + RETRY_S
         retry = False
-        key = (base, spec.replicas, spec.total_groups)
+        generations = declared_generations(state)
+        # a replacement lighthouse may reuse its predecessor's IP: its generation says it is another one
+        key = (base, state.lighthouse_generation, spec.replicas, spec.total_groups, tuple(sorted(generations.items())))
         if self.desired_acked != key:
-            ok = await self.lighthouse.desired(base, self.operator_token, spec.replicas, spec.total_groups)
+            ok = await self.lighthouse.desired(base, self.operator_token, spec.replicas, spec.total_groups,
+                                               generations)  # fmt: skip
             metrics.LIGHTHOUSE_CALLS.labels("desired", "ok" if ok else "error").inc()
             if ok:
+                new_lighthouse = self.desired_acked is None or self.desired_acked[:2] != key[:2]
                 self.desired_acked = key
-                # a new lighthouse (or a new operator) re-learns which groups are on their way
-                starting = (PHASE_STARTING, PHASE_RESTARTING)
-                self.pending_starting.update(i for i, p in result.group_phases.items() if p in starting)
+                if new_lighthouse:  # a new lighthouse (or a new operator) re-learns which groups are on their way
+                    starting = (PHASE_STARTING, PHASE_RESTARTING)
+                    self.pending_starting.update(i for i, p in result.group_phases.items() if p in starting)
             retry = retry or not ok
         pending = sorted(g for g in self.pending_starting if g in state.groups)
         if pending:

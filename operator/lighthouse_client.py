@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,9 +83,12 @@ class LighthouseClient:
     async def starting(self, base: LighthouseEndpoint, token: str, groups: list[int]) -> bool:
         return await self._post(base, token, contract.PATH_STARTING, StartingRequest(groups=[str(g) for g in groups]))
 
-    async def desired(self, base: LighthouseEndpoint, token: str, replicas: int, groups: int) -> bool:
-        """Contributors wanted, and the bound on group ids (every group the operator created is below it)."""
-        request = DesiredRequest(replicas=replicas, groups=groups)
+    async def desired(self, base: LighthouseEndpoint, token: str, replicas: int, groups: int,
+                      generations: Mapping[int, int] | None = None) -> bool:  # fmt: skip
+        """Contributors wanted, the bound on group ids (every group the operator created is below it) and each group's
+        oldest running generation (the lighthouse refuses older ones)."""
+        declared = {str(g): gen for g, gen in generations.items()} if generations else None
+        request = DesiredRequest(replicas=replicas, groups=groups, generations=declared)
         return await self._post(base, token, contract.PATH_DESIRED, request)
 
     async def status(self, base: LighthouseEndpoint, token: str) -> LighthouseView | None:

@@ -16,7 +16,7 @@ from ftjob.contract.lighthouse_api import (
     RestoredEvent,
     StatusResponse,
 )
-from ftjob.operator.integrity import integrity_reason
+from ftjob.operator.integrity import Drop, integrity_reason
 from ftjob.operator.model import JobState
 
 SILENCE_MIN_S = 10.0
@@ -35,8 +35,9 @@ class LighthouseView:
     blocked_reason: str = ""  # why the pending quorum has not formed ("waiting for min_replicas: ...")
     # (seconds before the answer, step) of the earliest quorum the answer's history lists: when training began
     first_quorum: tuple[float, int] | None = None
-    # group -> (seconds before the answer, reason) of its latest eviction for integrity ("evicted: gradient_guard: ...")
-    integrity_drops: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # group -> its latest eviction for integrity or a stall ("evicted: gradient_guard: ...", at: seconds before the
+    # answer) and the generation it dropped
+    integrity_drops: dict[str, Drop] = field(default_factory=dict)
     integrity: IntegrityStatus | None = None  # the guard's and the digest check's counters
     audit: tuple[AuditRecord, ...] = ()  # the newest job-level audit records, oldest first
     last_restore: RestoredEvent | None = None  # the newest time the job went on below its committed step
@@ -69,10 +70,10 @@ class LighthouseView:
         )
 
 
-def _integrity_drops(status: StatusResponse) -> dict[str, tuple[float, str]]:
+def _integrity_drops(status: StatusResponse) -> dict[str, Drop]:
     clock = status.clock
     return {
-        e.group: (max(0.0, clock - e.time) if clock is not None else 0.0, e.reason)
+        e.group: Drop(max(0.0, clock - e.time) if clock is not None else 0.0, e.reason, e.generation)
         for e in status.history
         if isinstance(e, DroppedEvent) and integrity_reason(e.reason)
     }
@@ -89,7 +90,9 @@ def _first_quorum(status: StatusResponse) -> tuple[float, int] | None:
 class SilenceWatch:
     """Groups that joined the lighthouse in their current generation and then vanished from it for longer than
     twice its heartbeat timeout while their pods kept running: hung or cut off, so replaced. Memory only: after
-    an operator restart a group must be seen joining again first."""
+    an operator restart, or with a new lighthouse, a group must be seen joining again first. A member that says it
+    is of another generation (a replaced process that outlived its pod, or the old one of a migrating group) is not
+    the current generation joining, and its leaving is no silence of the current one."""
 
     def __init__(self) -> None:
         self.joined: dict[int, int] = {}  # group -> generation in which the lighthouse last listed it
@@ -111,7 +114,10 @@ class SilenceWatch:
             seen = self.generation_since.get(idx)
             if seen is None or seen[0] != g.generation:
                 seen = self.generation_since[idx] = (g.generation, now)
-            if str(idx) in view.groups:
+            member = view.groups.get(str(idx))
+            if member is not None and member.generation not in (None, g.generation):
+                member = None  # another generation's process: the current one has not joined (yet)
+            if member is not None:
                 if view_at <= seen[1]:
                     continue  # fetched before this generation existed: may list the group's previous incarnation
                 self.joined[idx] = g.generation

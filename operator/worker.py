@@ -29,7 +29,7 @@ from ftjob.contract import pki, tls
 from ftjob.operator import builders, metrics, names, progress
 from ftjob.operator.audit import AuditMark, AuditMirror
 from ftjob.operator.integrity import INTEGRITY_REASONS, integrity_drops, status_integrity
-from ftjob.operator.job_lighthouse import LIGHTHOUSE_POLL_S, RETRY_S, JobLighthouse
+from ftjob.operator.job_lighthouse import LIGHTHOUSE_POLL_S, RETRY_S, JobLighthouse, declared_generations
 from ftjob.operator.kubeapi import KubeApi, api_message
 from ftjob.operator.lighthouse_client import LighthouseClient
 from ftjob.operator.lighthouse_view import LighthouseView
@@ -247,7 +247,7 @@ class JobWorker(JobLighthouse):
             survivors = any(phase in SURVIVOR_PHASES for phase in result.group_phases.values())
             window = None if survivors else 0.0
             manifest = builders.lighthouse_pod(self.name, self.namespace, spec, a.create_lighthouse, quorum_id, step,
-                                               window)  # fmt: skip
+                                               window, declared_generations(state))  # fmt: skip
             creates.append((LIGHTHOUSE, self.kube.create(self._owned(manifest))))
         if not deletes and not creates:
             return False

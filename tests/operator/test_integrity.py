@@ -12,7 +12,7 @@ from ftjob import contract
 from ftjob.contract.lighthouse_api import AuditRecord, DroppedEvent, IntegrityStatus, QuorumEvent, StatusResponse
 from ftjob.operator import builders, names
 from ftjob.operator.audit import AuditMark, AuditMirror, event_name, unmirrored
-from ftjob.operator.integrity import integrity_drops, integrity_reason, status_integrity
+from ftjob.operator.integrity import Drop, integrity_drops, integrity_reason, status_integrity
 from ftjob.operator.kubectl.status_view import header
 from ftjob.operator.lighthouse_view import LighthouseView
 from ftjob.operator.model import GroupState, JobSpec, JobState
@@ -36,7 +36,9 @@ def steady(s: JobSpec, now: float = NOW) -> JobState:
 
 
 def run(s: JobSpec, state: JobState, pods, now: float, drops=None) -> Result:
-    return plan(JOB, s, state, Observed(list(pods), NODES, set(), now, integrity_drops=drops or {}))
+    """``drops``: group -> (wall time, reason[, generation]) of its latest eviction by the lighthouse."""
+    observed = {g: Drop(*d) for g, d in (drops or {}).items()}
+    return plan(JOB, s, state, Observed(list(pods), NODES, set(), now, integrity_drops=observed))
 
 
 # --- spec.integrity -----------------------------------------------------------------------------------------------
@@ -184,8 +186,8 @@ def test_the_view_keeps_each_groups_latest_integrity_eviction_with_its_age():
         DroppedEvent(time=70.0, group="2", reason="evicted: pod died"),
         DroppedEvent(time=90.0, group="0", reason=DIVERGENT),
     ], audit=[record(1), record(2)]))  # fmt: skip
-    assert view.integrity_drops == {"1": (50.0, GUARD), "0": (10.0, DIVERGENT)}
-    assert integrity_drops(view.integrity_drops, NOW) == {1: (NOW - 50, GUARD), 0: (NOW - 10, DIVERGENT)}
+    assert view.integrity_drops == {"1": Drop(50.0, GUARD), "0": Drop(10.0, DIVERGENT)}
+    assert integrity_drops(view.integrity_drops, NOW) == {1: Drop(NOW - 50, GUARD), 0: Drop(NOW - 10, DIVERGENT)}
     assert [r.seq for r in view.audit] == [1, 2] and view.integrity is not None
 
 

@@ -4,6 +4,7 @@ retries, and the Event an eviction leaves -- through JobWorker, whose reconcile 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,9 +21,12 @@ class FakeLighthouse:
     def __init__(self, ok: bool = True) -> None:
         self.ok = ok
         self.calls: list[tuple[Any, ...]] = []
+        self.generations: list[dict[int, int]] = []  # declared with each desired call
 
-    async def desired(self, base: Any, token: str, replicas: int, groups: int) -> bool:
+    async def desired(self, base: Any, token: str, replicas: int, groups: int,
+                      generations: Mapping[int, int] | None = None) -> bool:  # fmt: skip
         self.calls.append(("desired", replicas, groups))
+        self.generations.append(dict(generations or {}))
         return self.ok
 
     async def starting(self, base: Any, token: str, groups: list[int]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,11 @@ def training_job(name: str, steps: int, records: Path, workers_on: str | None = 
     return m
 
 
-def check_run(records: Path, groups: set[str], steps: int, restarted: set[str]) -> dict[str, list[CommitRecord]]:
+def check_run(records: Path, groups: set[str], steps: int, restarted: set[str],
+              start_counts: Mapping[str, int] | None = None) -> dict[str, list[CommitRecord]]:  # fmt: skip
     """Exactly-once samples, no step committed twice or skipped without a heal, every group at the last step with one
-    digest, and only the groups in ``restarted`` started twice. Returns the commits by group."""
+    digest, and only the groups in ``restarted`` started twice (``start_counts``: how often each group named there
+    started, for a group replaced more than once). Returns the commits by group."""
     by_group = read_run_dir(records)
     assert set(by_group) == groups, f"run records of groups {sorted(by_group)}, expected {sorted(groups)}"
     cov = sample_coverage(by_group)
@@ -49,7 +52,8 @@ def check_run(records: Path, groups: set[str], steps: int, restarted: set[str]) 
     digests, commits = {}, {}
     for group, recs in by_group.items():
         starts = [r for r in recs if isinstance(r, StartRecord)]
-        assert len(starts) == (2 if group in restarted else 1), f"group {group} started {len(starts)} times"
+        expected = (start_counts or {}).get(group, 2 if group in restarted else 1)
+        assert len(starts) == expected, f"group {group} started {len(starts)} times, expected {expected}"
         commits[group] = [r for r in recs if isinstance(r, CommitRecord)]
         got = [r.step for r in commits[group]]
         # never a step twice, never backwards; a jump is a heal (copied from a peer while the others went on)

@@ -117,6 +117,9 @@ ENV_LIGHTHOUSE_STATE_FILE = "FTJOB_LIGHTHOUSE_STATE_FILE"  # optional: persisted
 ENV_RESTORE_QUORUM_ID = "FTJOB_RESTORE_QUORUM_ID"
 ENV_RESTORE_STEP = "FTJOB_RESTORE_STEP"
 ENV_RESTORE_WINDOW_S = "FTJOB_RESTORE_WINDOW_S"
+# "0:1,1:2": each group's oldest running generation (DesiredRequest.generations), known before the operator can call
+# a replacement lighthouse: a process of a replaced generation that outlived its pod's deletion is refused at once
+ENV_GROUP_GENERATIONS = "FTJOB_GROUP_GENERATIONS"
 ENV_GUARD_MAX_OFFENCES = "FTJOB_GUARD_MAX_OFFENCES"  # a group refused by the guard this often ...
 ENV_GUARD_WINDOW_S = "FTJOB_GUARD_WINDOW_S"  # ... within this many seconds is evicted (its node then avoided)
 # Progress-based stall detection (lighthouse side): a member whose progress has not moved for
@@ -156,6 +159,35 @@ def read_token(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
 def read_operator_token(environ: os._Environ[str] | dict[str, str] | None = None) -> str:
     """The operator's bearer token from FTJOB_OPERATOR_TOKEN or the file FTJOB_OPERATOR_TOKEN_FILE names; ''."""
     return _token_from(ENV_OPERATOR_TOKEN, ENV_OPERATOR_TOKEN_FILE, environ)
+
+
+def read_generation(environ: Mapping[str, str] | None = None) -> int | None:
+    """This process's group generation (FTJOB_GENERATION), None when unset; ValueError for anything but an integer
+    >= 0 (a typo must not hide which generation a process is)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_GENERATION, "").strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()):
+        raise ValueError(f"env {ENV_GENERATION}={raw!r}: expected an integer >= 0")
+    return int(raw)
+
+
+def format_generations(generations: Mapping[int, int]) -> str:
+    """FTJOB_GROUP_GENERATIONS' value: "0:1,1:2" (group:generation, by group)."""
+    return ",".join(f"{g}:{gen}" for g, gen in sorted(generations.items()))
+
+
+def parse_generations(text: str) -> dict[str, int]:
+    """FTJOB_GROUP_GENERATIONS' value as group id -> generation; ValueError naming what does not fit."""
+    out: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        group, sep, gen = item.partition(":")
+        group, gen = group.strip(), gen.strip()
+        if not sep or not all(x.isascii() and x.isdigit() for x in (group, gen)):
+            raise ValueError(f"{item!r} is not GROUP:GENERATION (e.g. 0:1,1:2)")
+        out[str(int(group))] = int(gen)
+    return out
 
 
 def _token_from(name: str, file_name: str, environ: os._Environ[str] | dict[str, str] | None) -> str:

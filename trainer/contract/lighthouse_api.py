@@ -11,7 +11,8 @@ A POST body is declared ``Content-Type: application/json`` (else 415) and at mos
   POST /v1/membership/...       the operator's: its own token only, the job's worker token gets 403 (lighthouse.auth)
   POST /v1/membership/evict     EvictRequest -> EvictResponse (drops groups at once, bans their incarnation)
   POST /v1/membership/starting  StartingRequest -> StartingResponse (joiners the quorum may wait for)
-  POST /v1/membership/desired   DesiredRequest -> DesiredResponse (contributing groups; extra live ones are spares)
+  POST /v1/membership/desired   DesiredRequest -> DesiredResponse (contributing groups; extra live ones are spares;
+                                each group's generation: an older one's registration is refused with 410)
   POST /v1/membership/handover             HandoverRequest -> HandoverResponse (the next incarnation replaces, no abort)
   GET  /v1/status               StatusResponse
   GET  /v1/watch?WatchQuery     WebSocket, one per group (its rank 0; the other ranks hear through the group link,
@@ -36,6 +37,11 @@ GroupId = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,6})$")]
 Incarnation = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Address = Annotated[str, StringConstraints(min_length=1, max_length=262)]  # "<ip or DNS name>:<port>"
 Digest = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+# How many times the operator (or the local launcher) has replaced a group: FTJOB_GENERATION, the pod label's. An
+# incarnation sends it with its registration, so the lighthouse and the operator know which process of a group a
+# drop concerns, and a process whose pod was replaced cannot join again. None: a client that does not say.
+Generation = Annotated[int, Field(ge=0, le=INT64_MAX)]
+MAX_GROUPS = 10_000_000  # group ids the operator may declare (DesiredRequest.groups)
 MAX_RANKS = 65536  # ranks in one group: bounds every per-rank list a client may send
 
 
@@ -112,6 +118,7 @@ class QuorumRequest(Request):
     group: GroupId
     incarnation: Incarnation  # unique per process start: a restarted group is a new member
     step: Count  # the group's committed step
+    generation: Generation | None = None  # the group's generation this process belongs to (FTJOB_GENERATION)
     quorum_id: Annotated[int, Field(ge=-1, le=INT64_MAX)]  # the last quorum id this group saw, -1 at start
     address: Address  # "<ip>:<port>" of rank 0's recovery server
     store_address: Address  # "<ip>:<port>" of rank 0's TCPStore for the cross-group process group
@@ -186,6 +193,7 @@ class HeartbeatRequest(Request):
     group: GroupId
     incarnation: Incarnation
     step: Count
+    generation: Generation | None = None  # as in QuorumRequest
     rank: Annotated[int, Field(ge=0, lt=MAX_RANKS)] = 0  # only rank 0's heartbeats count
     finished: bool = False  # this group trained its last step
     param_digest: Digest | None = None  # sha256 of its final parameters (with finished)
@@ -206,6 +214,7 @@ class WatchQuery(BaseModel):
     group: GroupId
     incarnation: Incarnation
     rank: Annotated[int, Field(ge=0, lt=MAX_RANKS)] = 0
+    generation: Generation | None = None  # as in QuorumRequest
 
 
 class WatchHeartbeat(Request):
@@ -281,15 +290,25 @@ class StartingResponse(Answer):
 
 
 class DesiredRequest(Request):
-    replicas: Annotated[int, Field(ge=1, le=10_000_000)]
+    replicas: Annotated[int, Field(ge=1, le=MAX_GROUPS)]
     # every group index the operator created is below this (replicas + spares, following scaling); the lighthouse
     # then refuses any other group id with 403. None: no bound (a local run without an operator)
-    groups: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    groups: Annotated[int, Field(ge=1, le=MAX_GROUPS)] | None = None
+    # group -> the oldest generation of it that still runs (while a group migrates, the one handing over): a process
+    # of an older generation is gone or going (its pod was replaced), so the lighthouse refuses its registration
+    # (410) and drops it if it is a member. Needs ``groups`` (every id below it). None: nothing declared
+    generations: Annotated[dict[GroupId, Generation], Field(max_length=MAX_GROUPS)] | None = None
 
     @model_validator(mode="after")
     def _room_for_the_contributors(self) -> DesiredRequest:
         if self.groups is not None and self.groups < self.replicas:
             raise ValueError(f"groups ({self.groups}) must be >= replicas ({self.replicas})")
+        if self.generations:
+            if self.groups is None:
+                raise ValueError("generations need groups (the bound every declared group id is below)")
+            outside = sorted((g for g in self.generations if int(g) >= self.groups), key=int)
+            if outside:
+                raise ValueError(f"generations name group(s) {outside[:10]} outside 0..{self.groups - 1}")
         return self
 
 
@@ -311,6 +330,7 @@ class MemberStatus(Answer):
     contributing: bool
     finished: bool
     param_digest: str | None = None
+    generation: int | None = None  # the generation the member said it belongs to (None: it did not say)
 
 
 class DroppedEvent(Answer):
@@ -318,6 +338,9 @@ class DroppedEvent(Answer):
     time: float
     group: str
     reason: str  # "heartbeat_timeout", "disconnected", "restarted", "evicted: <why>" or "handed_over: <why>"
+    # the dropped incarnation's generation (None: it did not say): an old generation's drop is no failure of the
+    # group's current one
+    generation: int | None = None
 
 
 class QuorumEvent(Answer):

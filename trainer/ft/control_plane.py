@@ -64,6 +64,7 @@ class ControlPlane:
             cfg.group,
             incarnation,
             rank=0,
+            generation=cfg.generation,
             heartbeat_interval_s=cfg.heartbeat_interval_s,
             on_abort=self._forward if self._server is not None else self._on_abort,
             lost_timeout_s=cfg.lost_timeout_s,

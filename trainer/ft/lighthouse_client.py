@@ -75,7 +75,10 @@ class LighthouseClient:
         lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S,
         on_reconnect: Callable[[], None] | None = None,
         tls: TlsConfig | None = None,
+        generation: int | None = None,
     ) -> None:
+        """``generation``: the group's generation this process belongs to (FTJOB_GENERATION), sent when it registers
+        (watch socket, heartbeats); None: not sent (the lighthouse then cannot tell it from a replaced one)."""
         self.url = url.rstrip("/")
         if tls is not None and not self.url.startswith("https://"):
             raise ValueError(
@@ -85,6 +88,7 @@ class LighthouseClient:
         self._tls = tls
         self.group = group
         self.incarnation = incarnation
+        self.generation = generation
         self.rank = rank
         self.abort_below = 0
         self.evicted = False
@@ -188,6 +192,7 @@ class LighthouseClient:
         beat = HeartbeatRequest(
             group=self.group,
             incarnation=self.incarnation,
+            generation=self.generation,
             step=step,
             rank=self.rank,
             finished=finished,
@@ -300,6 +305,8 @@ class LighthouseClient:
         """Keeps the watch socket open; reconnects (the lighthouse may restart) until closed or evicted."""
         assert self._session is not None
         query = {"group": self.group, "incarnation": self.incarnation, "rank": str(self.rank)}
+        if self.generation is not None:  # as the quorum requests and heartbeats, which leave a None out
+            query["generation"] = str(self.generation)
         backoff = 0.05
         was_open = False
         while not self.evicted:

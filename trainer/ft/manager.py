@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumRequest, QuorumResponse
 from ftjob.contract.tls import TlsConfig
 from ftjob.ft.control_plane import ControlPlane
@@ -83,6 +84,9 @@ class ManagerConfig:
     digest_every: int = DEFAULT_DIGEST_EVERY  # committed steps between state digests (needs replica_state; 0: never)
     # TLS to the lighthouse and between recovery servers: the FTJOB_TLS_* files of the env contract (None: plain HTTP)
     tls: TlsConfig | None = field(default_factory=TlsConfig.from_environ)
+    # which generation of its group this process is (FTJOB_GENERATION, set by the operator and the local launcher),
+    # sent with its registration: the lighthouse refuses a replaced generation's process (None: not set, not sent)
+    generation: int | None = field(default_factory=contract.read_generation)
 
 
 class Manager:
@@ -174,6 +178,7 @@ class Manager:
         return QuorumRequest(
             group=self.cfg.group,
             incarnation=self.incarnation,
+            generation=self.cfg.generation,
             step=self.step,
             quorum_id=self._quorum_id,
             commit_failures=self._commit_failures,

@@ -125,6 +125,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         f"(env {contract.ENV_RESTORE_WINDOW_S})",
     )
     a(
+        "--group-generations",
+        default=env.get(contract.ENV_GROUP_GENERATIONS, ""),
+        help=f"GROUP:GENERATION,...: each group's oldest generation that still runs; a process of an older one is "
+        f"refused (env {contract.ENV_GROUP_GENERATIONS}; the operator sets it on a replacement lighthouse and "
+        "declares it again once the lighthouse answers)",
+    )
+    a(
         "--guard-max-offences",
         type=_bounded(int, 1, False, contract.ENV_GUARD_MAX_OFFENCES),
         default=env.get(contract.ENV_GUARD_MAX_OFFENCES) or str(DEFAULT_MAX_OFFENCES),
@@ -196,6 +203,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--replicas must be >= 1, got {args.replicas}")
     if args.groups is not None and args.groups < max(1, args.replicas or 1):
         p.error(f"--groups must be >= 1 and >= --replicas, got {args.groups}")
+    try:
+        args.group_generations = contract.parse_generations(args.group_generations)
+    except ValueError as e:
+        p.error(f"--group-generations (env {contract.ENV_GROUP_GENERATIONS}): {e}")
+    outside = [g for g in args.group_generations if args.groups is not None and int(g) >= args.groups]
+    if outside:
+        p.error(f"--group-generations names group(s) {outside} outside 0..{args.groups - 1} (--groups)")
     if args.audit_file:
         try:
             open(args.audit_file, "a", encoding="utf-8").close()
@@ -234,6 +248,8 @@ def build_server(args: argparse.Namespace, token: str, operator_token: str) -> L
         core.set_desired(args.replicas, args.groups)
     elif args.groups is not None:
         core.group_limit = args.groups
+    if args.group_generations:
+        core.declare_generations(args.group_generations, time.monotonic())  # no member yet: nothing to evict
     if (args.restore_quorum_id or args.restore_step or saved.quorum_id) and core.group_limit:
         core.expect_back(str(g) for g in range(core.group_limit))  # a replacement: the groups are coming back
     integrity = IntegrityChecks(max_offences=args.guard_max_offences, window_s=args.guard_window_s)

@@ -21,6 +21,13 @@ class BadRequest(QuorumError):
         super().__init__(400, message)
 
 
+class Outdated(QuorumError):
+    """410 for a process of a generation the operator replaced (its pod is gone or going): it never joins again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(410, message)
+
+
 @dataclass
 class Member:
     """One live replica group as the lighthouse knows it."""
@@ -28,6 +35,7 @@ class Member:
     group: str
     incarnation: str
     last_seen: float
+    generation: int | None = None  # the group's generation this process said it belongs to (None: it did not)
     step: int = 0
     address: str = ""
     store_address: str = ""

@@ -8,6 +8,10 @@ A new incarnation of a known group replaces the old one and bans it; that loses 
 aborts) unless the operator marked the group for a handover (make-before-break, ftjob.lighthouse.handover): then the
 quorum in flight completes, the old incarnation is no missing member of the previous quorum, and the new one is
 neither waited for nor counted as live until it first asks.
+Generations: a process that says which generation of its group it belongs to (FTJOB_GENERATION) is refused (410) when
+that is older than the group's newest generation the lighthouse knows of -- one the operator declared (it replaced the
+older one's pods) or one that registered -- so a process that outlived its pod's deletion never joins a (replacement)
+lighthouse, let alone replaces its group's newer incarnation; each drop records the generation it concerned.
 The quorum id changes only when the membership (group + incarnation) changes, a member reports a failed commit, or a
 member of the last quorum was dropped (evicted, heartbeat timeout, disconnected): the managers then rebuild their
 cross-group process group. Each request is O(1); forming is O(n log n) over the askers.
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ftjob.contract.lighthouse_api import (
     DroppedEvent,
@@ -32,10 +36,11 @@ from ftjob.lighthouse import quorum_view
 from ftjob.lighthouse.answers import Answers
 from ftjob.lighthouse.formation import assign
 from ftjob.lighthouse.handover import Handovers
-from ftjob.lighthouse.members import BadRequest, Formed, Member, QuorumError, group_sort_key
+from ftjob.lighthouse.members import BadRequest, Formed, Member, Outdated, QuorumError, group_sort_key
 from ftjob.lighthouse.stall import StallRule
 
-__all__ = ["BadRequest", "Formed", "Member", "QuorumCore", "QuorumError", "group_sort_key"]  # members.py's re-exported
+# members.py's re-exported
+__all__ = ["BadRequest", "Formed", "Member", "Outdated", "QuorumCore", "QuorumError", "group_sort_key"]
 log = logging.getLogger("ftjob.lighthouse")
 # The stall rule scans every member (O(n)): checked every STALL_CHECK_FRACTION of its limit (>= 1 s), never more
 # often than STALL_CHECK_S. Detection is late by at most that fraction; at 12,500 groups the limit is >= 3.75 s
@@ -77,6 +82,7 @@ class QuorumCore:
         self._by_seen: collections.OrderedDict[str, None] = collections.OrderedDict()  # oldest heartbeat first
         self._incarnations: dict[str, str] = {}  # every group ever seen -> its latest incarnation
         self._banned: set[tuple[str, str]] = set()  # evicted (group, incarnation): may never come back
+        self._generations: dict[str, int] = {}  # group -> its newest generation known: older ones may not register
         self._starting: dict[str, float] = {}  # group -> until when the quorum may wait for it
         self._expected_back: list[str] = []  # a replacement lighthouse's groups, until the first one is back
         self._handovers = Handovers()  # make-before-break replacements (marks, quiet new incarnations)
@@ -107,14 +113,26 @@ class QuorumCore:
                 403, f"replica group {group!r} is not one of this job's groups (0..{self.group_limit - 1})"
             )
 
-    def _touch(self, group: str, incarnation: str, now: float) -> Member:
+    def _check_generation(self, group: str, incarnation: str, generation: int | None) -> None:
+        newest = self._generations.get(group)
+        if generation is not None and newest is not None and generation < newest:
+            raise Outdated(
+                f"group {group!r} incarnation {incarnation!r} is of generation {generation}, which was replaced: "
+                f"generation {newest} of the group runs now; this process's pod is gone or going, it may not rejoin"
+            )
+
+    def _touch(self, group: str, incarnation: str, now: float, generation: int | None = None) -> Member:
         """Registers a heartbeat; a new incarnation of a known group replaces the old one, which counts as lost
-        unless the group was marked for a handover (then the old one's quorum goes on: see the module docstring)."""
+        unless the group was marked for a handover (then the old one's quorum goes on: see the module docstring).
+        A new incarnation of a replaced generation is refused (410) before any change."""
         self.check_group(group)
         self._check_banned(group, incarnation)
         member = self.members.get(group)
         handed_over = False
         if member is None or member.incarnation != incarnation:
+            self._check_generation(group, incarnation, generation)  # (a registered one is dropped when declared)
+            if generation is not None:
+                self._generations[group] = max(generation, self._generations.get(group, generation))
             mark = self._handovers.take(group, incarnation, now)  # the first new incarnation consumes the mark
             if member is not None:
                 # The newest process of a group wins; the old one is banned so two live copies cannot take turns.
@@ -126,7 +144,7 @@ class QuorumCore:
                 self._drop(group, reason, now, lost=not handed_over)
                 member = None
         if member is None:
-            member = Member(group=group, incarnation=incarnation, last_seen=now)
+            member = Member(group=group, incarnation=incarnation, last_seen=now, generation=generation)
             self.members[group] = member
             self._incarnations[group] = incarnation
             self._starting.pop(group, None)
@@ -142,9 +160,9 @@ class QuorumCore:
 
     def heartbeat(
         self, group: str, incarnation: str, step: int, now: float, finished: bool = False, digest: str | None = None,
-        progress: int = 0, waiting: bool = False,
+        progress: int = 0, waiting: bool = False, generation: int | None = None,
     ) -> None:  # fmt: skip
-        member = self._touch(group, incarnation, now)
+        member = self._touch(group, incarnation, now, generation)
         member.step = max(member.step, step)
         self.stall.beat(member, progress, waiting, now)
         if finished and not member.finished:
@@ -206,7 +224,7 @@ class QuorumCore:
             else:  # it still completes the step in flight; the next quorum does not wait for it
                 self._handovers.prev_handed.add(group)
         self.dropped_events.append((group, reason))
-        self.history.append(DroppedEvent(time=now, group=group, reason=reason))
+        self.history.append(DroppedEvent(time=now, group=group, reason=reason, generation=member.generation))
 
     def _set_asking(self, member: Member, asking: bool) -> None:
         if member.asking == asking:
@@ -234,6 +252,26 @@ class QuorumCore:
                 self._drop(group, f"evicted: {reason}" if reason else "evicted", now)
                 evicted.append(group)
         return evicted
+
+    def declare_generations(self, generations: Mapping[str, int], now: float) -> list[str]:
+        """The operator's word on each group's oldest generation that still runs: older ones may not register any
+        more, and a member of one (it registered before the operator could say so, e.g. with a replacement
+        lighthouse) is evicted now. 403 for a group id outside the job's, before any change. Returns the evicted."""
+        for group in generations:
+            self.check_group(group)
+        evicted = []
+        for group, generation in generations.items():
+            self._generations[group] = max(generation, self._generations.get(group, generation))
+            member = self.members.get(group)
+            if member is not None and member.generation is not None and member.generation < generation:
+                why = f"outdated: generation {member.generation} was replaced by generation {generation}"
+                evicted += self.evict([group], why, now)
+        return evicted
+
+    @property
+    def generations(self) -> dict[str, int]:
+        """Each group's newest generation known (declared or registered)."""
+        return dict(self._generations)
 
     def handover(self, groups: Iterable[str], reason: str, now: float) -> list[str]:
         """Marks the groups' current incarnation for a make-before-break handover: their next incarnation replaces it
@@ -286,7 +324,7 @@ class QuorumCore:
 
     def request(self, req: QuorumRequest, now: float) -> None:
         """Registers a validated quorum request (also a heartbeat)."""
-        member = self._touch(req.group, req.incarnation, now)
+        member = self._touch(req.group, req.incarnation, now, req.generation)
         if member.finished:  # a finished group asking again has been restarted for more work
             member.finished = False
             self._n_finished -= 1

@@ -43,6 +43,7 @@ def status(core: QuorumCore, now: float) -> StatusResponse:
             contributing=m.contributing,
             finished=m.finished,
             param_digest=m.param_digest,
+            generation=m.generation,
         )
         for m in sorted(core.members.values(), key=lambda m: group_sort_key(m.group))
     ]

@@ -44,7 +44,7 @@ from ftjob.lighthouse.audit import AuditTrail
 from ftjob.lighthouse.auditing import LIGHTHOUSE, ROLE, Auditor, actor_of, name_sender, peer_of
 from ftjob.lighthouse.integrity import IntegrityChecks
 from ftjob.lighthouse.metrics import LighthouseMetrics
-from ftjob.lighthouse.quorum import BadRequest, Formed, QuorumCore, QuorumError
+from ftjob.lighthouse.quorum import BadRequest, Formed, Outdated, QuorumCore, QuorumError
 from ftjob.lighthouse.state import PersistedState, save_state
 from ftjob.lighthouse.watch import HeartbeatPace, WatchWebSocket, push
 from ftjob.lighthouse.watch_socket import Waiter, WatchSocketEndpoint
@@ -338,8 +338,9 @@ class LighthouseServer(WatchSocketEndpoint):
             else:
                 call = lambda: self.core.request(req, now)  # noqa: E731
                 self.auditor.touch(group, incarnation, actor_of(request), "quorum request", now, call)
-        except QuorumError as e:
-            raise QuorumError(410, f"{e} ({self._last_drop(group)})") if e.status == 410 else e from None
+        except QuorumError as e:  # a banned incarnation learns why it was dropped (an outdated one is told already)
+            banned = e.status == 410 and not isinstance(e, Outdated)
+            raise QuorumError(410, f"{e} ({self._last_drop(group)})") if banned else e from None
         found = self.integrity.report(req, now, self._incarnation)
         if found or req.state_digest is not None:
             self.auditor.enforce(found, actor_of(request), peer_of(request), now)
@@ -375,16 +376,17 @@ class LighthouseServer(WatchSocketEndpoint):
         self.core.check_group(beat.group)  # any rank's: a group id outside the job's is refused, counted or not
         if beat.rank == 0:
             frame = WatchHeartbeat.model_validate(beat.model_dump(include=set(WatchHeartbeat.model_fields)))
-            self._beat(beat.group, beat.incarnation, actor_of(request), "heartbeat", frame)
+            self._beat(beat.group, beat.incarnation, actor_of(request), "heartbeat", frame, beat.generation)
         return reply(HeartbeatResponse(ok=True, quorum_id=self.core.quorum_id, abort_below=self.core.abort_below))
 
-    def _beat(self, group: str, incarnation: str, actor: str, how: str, beat: WatchHeartbeat) -> None:
+    def _beat(self, group: str, incarnation: str, actor: str, how: str, beat: WatchHeartbeat,
+              generation: int | None = None) -> None:  # fmt: skip
         """Rank 0's heartbeat (403/410 before any change), audited: a new incarnation joins, a group finishes."""
         now = self._clock()
 
         def call() -> None:
             self.core.heartbeat(group, incarnation, beat.step, now, beat.finished, beat.param_digest, beat.progress,
-                                beat.waiting)  # fmt: skip
+                                beat.waiting, generation)  # fmt: skip
 
         member = self.core.members.get(group)
         if member is not None and member.incarnation == incarnation and not beat.finished:
@@ -420,8 +422,13 @@ class LighthouseServer(WatchSocketEndpoint):
         return reply(StartingResponse(starting=req.groups))
 
     async def _desired(self, request: web.Request) -> web.Response:
-        req = await parse(request, DesiredRequest)
+        req = await parse(request, DesiredRequest)  # generations' ids are below its groups, which bound them next
         self.core.set_desired(req.replicas, req.groups)
+        if req.generations:
+            now = self._clock()
+            self.core.declare_generations(req.generations, now)
+            self.auditor.drops(actor_of(request), now)  # an outdated member evicted: the operator's doing
+            self._advance()  # aborts the quorum in flight if one was in it
         return reply(DesiredResponse(replicas=req.replicas, groups=self.core.group_limit))
 
     async def _status(self, _request: web.Request) -> web.Response:

@@ -80,7 +80,7 @@ class WatchSocketEndpoint:
             query = WatchQuery.model_validate(dict(request.query))
         except ValidationError as e:
             raise BadRequest(describe(e)) from None
-        group, incarnation, rank = query.group, query.incarnation, query.rank
+        group, incarnation, rank, generation = query.group, query.incarnation, query.rank, query.generation
         name_sender(request, group, incarnation)
         actor = actor_of(request)
         self.core.check_group(group)  # any rank's socket: 403 for an id outside the job's, before anything is kept
@@ -96,7 +96,7 @@ class WatchSocketEndpoint:
                     return
                 beat = WatchHeartbeat.model_validate_json(data)
                 self.heartbeats += 1
-                self._beat(group, incarnation, actor, "watch heartbeat", beat)
+                self._beat(group, incarnation, actor, "watch heartbeat", beat, generation)
             except QuorumError as e:
                 self._refuse(request, e.status, f"watch socket closed with {4000 + e.status}: {e}")
                 ws.hang_up(4000 + e.status, str(e)[:120])
@@ -112,7 +112,7 @@ class WatchSocketEndpoint:
             raise BadRequest(f"GET {contract.PATH_WATCH} is a WebSocket: send its upgrade handshake (Connection: "
                              "Upgrade, Upgrade: websocket, Sec-WebSocket-Key, Sec-WebSocket-Version: 13)")  # fmt: skip
         if rank == 0:  # 403/410 (an id outside the job's, an evicted incarnation) before the upgrade
-            self._beat(group, incarnation, actor, "watch socket", WatchHeartbeat(step=0))
+            self._beat(group, incarnation, actor, "watch socket", WatchHeartbeat(step=0), generation)
         await ws.prepare(request)
         entry = (incarnation, ws)
         self._watchers.setdefault(group, set()).add(entry)
