@@ -2,24 +2,29 @@
 lighthouse keeps it on the member, reports it in the status and in every drop, and refuses (410, audited, nothing
 changed) a process of a generation the operator declared replaced -- also one that registered first and is dropped
 when the declaration comes. A replacement lighthouse judges no group for the silence before it registered there.
-The core with an explicit clock, then the HTTP server in-process (aiohttp's test server: no other process)."""
+The core with an explicit clock, then the HTTP server and the trainer's client in this process (no other process)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AuditRecord, DesiredRequest, StatusResponse
+from ftjob.ft.lighthouse_client import LighthouseClient
 from ftjob.lighthouse.cli import build_server, parse_args
 from ftjob.lighthouse.quorum import Outdated, QuorumCore
 from ftjob.lighthouse.server import LighthouseServer
 from ftjob.lighthouse.stall import MIN_INTERVALS, StallRule
+from helpers import wait_for
 from pydantic import ValidationError
 from test_lighthouse_quorum import ask
 
@@ -230,3 +235,67 @@ def test_over_http_only_the_operator_declares_and_an_outdated_process_is_refused
     [evicted] = [r for r in records if r.kind == "evict"]
     assert (evicted.group, evicted.actor.split(" from ")[0]) == ("0", "operator"), evicted
     assert "outdated: generation 0" in evicted.reason
+
+
+# --- the trainer's client against a real lighthouse (in this process: its own event loop thread) -------------------
+class ServedLighthouse:
+    """A LighthouseServer on 127.0.0.1, served from its own event loop thread (the client runs another)."""
+
+    def __init__(self) -> None:
+        self.core = QuorumCore(min_replicas=1, join_timeout_s=0.2, heartbeat_timeout_s=30.0)
+        self.core.set_desired(1, 3)
+        self.server = LighthouseServer(self.core, WORKER, OPERATOR)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.runner = web.AppRunner(self.server.make_app())
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self) -> None:
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+    def members(self) -> dict[str, int | None]:
+        """group -> generation of every member, read on the server's loop."""
+
+        async def read() -> dict[str, int | None]:
+            return {g: m.generation for g, m in self.core.members.items()}
+
+        return asyncio.run_coroutine_threadsafe(read(), self.loop).result(5)
+
+    def declare(self, generations: dict[str, int]) -> int:
+        body = json.dumps({"replicas": 1, "groups": 3, "generations": generations}).encode()
+        req = urllib.request.Request(self.url + contract.PATH_DESIRED, body, headers(OPERATOR), method="POST")
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_the_trainers_client_registers_with_its_generation_and_a_replaced_one_is_turned_away():
+    lh = ServedLighthouse()
+    clients: list[LighthouseClient] = []
+
+    def client(incarnation: str, generation: int) -> LighthouseClient:
+        c = LighthouseClient(lh.url, WORKER, "0", incarnation, generation=generation, lost_timeout_s=5)
+        clients.append(c)
+        return c.start()
+
+    try:
+        old = client("gen-3", 3)
+        wait_for(lambda: lh.members() == {"0": 3}, 10, "the watch socket to register generation 3")
+        assert lh.declare({"0": 4}) == 200  # the operator replaced the group: its process is gone or going
+        wait_for(lambda: old.evicted, 10, "the outdated process to be told it was evicted")
+        assert lh.members() == {}
+        late = client("gen-3-again", 3)  # another process of the replaced generation, reaching the lighthouse late
+        wait_for(lambda: late.evicted, 10, "the late process to be turned away at its handshake")
+        assert lh.members() == {}
+        new = client("gen-4", 4)
+        wait_for(lambda: lh.members() == {"0": 4}, 10, "the replacement to register")
+        assert new.heartbeat(5).ok and not new.evicted and lh.members() == {"0": 4}
+    finally:
+        for c in clients:
+            c.close()
+        lh.stop()
