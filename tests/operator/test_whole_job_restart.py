@@ -162,7 +162,8 @@ def test_every_worker_lost_at_once_then_a_suspend_resume_go_on_from_the_newest_c
     assert condition(job, "Succeeded"), job["status"]
     status = job["status"]
     assert status["quorum"]["step"] == steps and status["restored"] == second
-    assert status["goodput"]["badputSeconds"]["lostWork"] > 0, status["goodput"]
+    # (the re-trained steps are badput `lostWork` only where a poll sees them: a replay shorter than the 2 s poll falls
+    # into the loss's interval; tests/operator/test_goodput.py checks the accounting itself)
     # each group replaced once for the loss (and recreated once by the resume): no generation failed for a quorum
     assert all(g["generation"] <= 2 for g in status["replicaGroups"]), status["replicaGroups"]
     restored_events = events(kube, namespace, "Restored")
