@@ -444,3 +444,38 @@ def test_a_handover_mark_lapses_if_no_new_incarnation_comes_and_only_the_first_o
     assert c2.abort_below == 0 and c2.status(0.3).handing_over == []
     c2.heartbeat("1", "newer", 0, now=0.4)  # the mark was used up: another restart is an ordinary one
     assert "1" in c2.members and c2.members["1"].incarnation == "newer"
+
+
+def test_a_group_that_leaves_after_committing_lets_the_survivors_go_on_at_once_without_an_abort():
+    c = core(join=30.0)  # a long join timeout: forming "at once" below cannot be the timeout passing
+    for g in "012":
+        ask(c, g, step=7)
+    q = c.poll(0.0)
+    assert q is not None and q.groups == ("0", "1", "2")
+    assert c.leave("1", "inc-1", 8, now=0.1)  # SIGTERM: it committed step 7 -> 8 with the others, then left
+    assert "1" not in c.members and c.history[-1].reason == "left" and c.abort_below == 0
+    ask(c, "0", step=8, now=0.2)
+    assert c.poll(0.2) is None  # group 2 of the last quorum is still to ask: it is waited for, group 1 is not
+    ask(c, "2", step=8, now=0.2)
+    q2 = c.poll(0.2)
+    assert q2 is not None and q2.groups == ("0", "2") and q2.changed and q2.quorum_id == q.quorum_id + 1
+    assert c.abort_below == 0 and q2.responses["0"].num_contributors == 2
+    with pytest.raises(QuorumError) as e:
+        c.heartbeat("1", "inc-1", 8, now=0.3)  # a last heartbeat of the process that left must not re-register it
+    assert e.value.status == 410 and "1" not in c.members
+    assert not c.leave("1", "inc-1", 8, now=0.4)  # a repeated leave changes nothing
+    c.heartbeat("1", "inc-1-new", 0, now=0.5)  # its replacement joins as any new incarnation
+    assert c.members["1"].incarnation == "inc-1-new"
+
+
+def test_a_group_that_leaves_inside_the_step_in_flight_aborts_it_as_a_disconnect_would():
+    c = core(join=30.0)
+    for g in "01":
+        ask(c, g, step=4)
+    q = c.poll(0.0)
+    assert q is not None
+    assert c.leave("1", "inc-1", 4, now=0.1)  # still at step 4: the quorum's step 4 was never committed by it
+    assert c.abort_below == q.quorum_id + 1 and c.history[-1].reason == "left"
+    ask(c, "0", step=4, now=0.2)
+    q2 = c.poll(0.2)  # no live group missing: at once
+    assert q2 is not None and q2.groups == ("0",) and q2.quorum_id > q.quorum_id

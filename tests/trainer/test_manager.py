@@ -4,6 +4,7 @@ a hung collective, and a lighthouse restart mid-run."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -247,3 +248,47 @@ def test_handover_replaces_a_group_make_before_break_without_a_failed_step_or_an
     status = lh.status()
     assert status.abort_below == 0  # it only ever grows: no abort was signalled during the whole run
     assert any(isinstance(h, DroppedEvent) and h.reason == "handed_over: node degrading" for h in status.history)
+
+
+def test_sigterm_leaves_after_the_step_in_flight_and_the_survivor_goes_on_without_it_at_once(
+    tmp_path: Path, procs: list
+):
+    """A pod deleted or evicted: SIGTERM lands in the middle of group 1's step 5. That step still commits, in both
+    groups; group 1 tells the lighthouse it leaves and exits 143 (never 0, which reads as finished), and group 0's
+    next quorum forms without it: no abort (a plain exit or disconnect would signal one), and join and heartbeat
+    timeouts of 300 s never matter. Each step is committed once and every sample position is consumed once. Group 0
+    has a SIGTERM handler of its own, which the Manager leaves alone: a SIGTERM to it stops nothing."""
+    patient = ("--join-timeout", "300", "--heartbeat-timeout", "300", "--stall-factor", "0")
+    lh = start(procs, Lighthouse(tmp_path, "--min-replicas", "1", *patient).start())
+    code, _ = lh.request("POST", contract.PATH_STARTING, {"groups": ["0", "1"]})  # the first quorum has both
+    assert code == 200
+    args = ("--steps", "25", "--step-delay", "0.05")
+    g0 = start(procs, Worker(tmp_path, lh.url, "0", *args, "--own-sigterm-handler"))
+    g1 = start(procs, Worker(tmp_path, lh.url, "1", *args, "--sigterm-at-step", "5"))
+    ready = {w.group: wait_for(lambda w=w: w.events("ready"), TIMEOUT, f"group {w.group} up")[0] for w in (g0, g1)}
+    assert not ready["0"]["handles_sigterm"] and ready["1"]["handles_sigterm"]
+    g0.signal(signal.SIGTERM)
+    wait_for(lambda: g0.events("own_sigterm_handler"), TIMEOUT, "group 0's own handler to see its SIGTERM")
+
+    assert g1.proc.wait(TIMEOUT) == contract.EXIT_TERMINATED
+    assert [e["step"] for e in g1.events("sigterm")] == [5]
+    g1_steps = g1.events("step")
+    assert [e["step"] for e in g1_steps] == list(range(1, 7)) and all(e["committed"] for e in g1_steps)
+    assert g1.events("terminated")[0]["step"] == 6  # left right after committing the step in flight
+
+    done = wait_for(g0.done, TIMEOUT, "group 0 to finish alone")
+    steps = g0.events("step")
+    assert committed_steps(g0) == list(range(1, 26)) and done["metrics"]["failed_commits"] == 0
+    assert [e["step"] for e in steps if e["participants"] == 2] == list(range(1, 7))  # step 5 -> 6 with group 1
+    assert g1_steps[-1]["digest"] == steps[5]["digest"]  # both applied the same update to step 6
+    assert done["cursor"] == 2 * 6 + 1 * (25 - 6)  # every sample position once: none lost, none twice
+    assert done["metrics"]["aborted_collectives"] == 0
+    ids = [e["quorum_id"] for e in steps]
+    assert ids == sorted(ids) and len(set(ids)) == 2  # with group 1, then alone
+    status = lh.status()
+    assert status.abort_below == 0  # it only ever grows: nothing was aborted
+    dropped = [h for h in status.history if isinstance(h, DroppedEvent)]
+    assert [(h.group, h.reason) for h in dropped] == [("1", "left")]
+    audit = [json.loads(line) for line in (tmp_path / "lighthouse-1.log").read_text().splitlines() if line[:1] == "{"]
+    leave = [a for a in audit if a.get("kind") == "leave" and a.get("group") == "1" and a.get("reason") == "left"]
+    assert leave and "group 1" in leave[0]["actor"] and "asked to terminate" in leave[0]["outcome"]  # its own doing

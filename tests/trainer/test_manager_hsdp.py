@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ftjob import contract
 from helpers import free_port, wait_for
 from test_manager_worker import Lighthouse, Worker
 
@@ -42,3 +43,31 @@ def test_hsdp_late_group_heals_each_rank_from_its_peer_rank_and_all_shards_match
     assert done[("0", 0)]["digest"] != done[("0", 1)]["digest"]
     healed = [e for e in late[1].events("step") if e["healed"]]
     assert len(healed) == 1 and healed[0]["step"] >= 3
+
+
+def test_sigterm_to_one_rank_makes_its_whole_group_leave_after_the_same_step(tmp_path: Path, procs: list):
+    """Only rank 1 of group 1 gets SIGTERM, in the middle of step 4 (its pod is evicted; rank 0's pod is elsewhere).
+    The group's commit vote carries it: both ranks commit the step in flight, leave the job after it and exit 143,
+    while group 0 trains on alone to the end, every step committed once."""
+    lh = Lighthouse(tmp_path, "--min-replicas", "1", "--join-timeout", "60").start()
+    procs.append(lh)
+    code, _ = lh.request("POST", contract.PATH_STARTING, {"groups": ["0", "1"]})  # the first quorum has both
+    assert code == 200
+    args = ("--steps", "12", "--step-delay", "0.05")
+    survivors = start_group(procs, tmp_path, lh.url, "0", *args)
+    common = ("--world-size", "2", "--master-port", str(free_port()), *args)
+    leaving = [
+        Worker(tmp_path, lh.url, "1", "--rank", "0", *common),
+        Worker(tmp_path, lh.url, "1", "--rank", "1", *common, "--sigterm-at-step", "4"),
+    ]
+    procs.extend(leaving)
+    assert [w.proc.wait(TIMEOUT) for w in leaving] == [contract.EXIT_TERMINATED] * 2
+    assert leaving[1].events("sigterm") and not leaving[0].events("sigterm")
+    for w in leaving:
+        assert [e["step"] for e in w.events("step") if e["committed"]] == [1, 2, 3, 4, 5]
+        assert w.events("terminated")[0]["step"] == 5  # both ranks left after the same step
+    done = [wait_for(w.done, TIMEOUT, f"group 0 rank {r}") for r, w in enumerate(survivors)]
+    assert all(d["step"] == 12 and d["metrics"]["failed_commits"] == 0 for d in done)
+    assert [e["step"] for e in survivors[0].events("step") if e["participants"] == 2] == [1, 2, 3, 4, 5]
+    assert [e["step"] for e in survivors[0].events("step") if e["committed"]] == list(range(1, 13))
+    assert lh.status().abort_below == 0

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from ftjob.contract.lighthouse_api import StatusResponse  # noqa: E402
 from ftjob.ft.digest import local_digest as param_digest  # noqa: E402
 from ftjob.ft.digest import replica_tensors  # noqa: E402
-from ftjob.ft.manager import Manager, ManagerConfig  # noqa: E402
+from ftjob.ft.manager import Manager, ManagerConfig, Terminated  # noqa: E402
 
 IMPORTED = time.time()
 
@@ -58,7 +58,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--master-port", type=int, default=0, help="the group's own rendezvous port (world size > 1)")
     p.add_argument("--digest-every", type=int, default=0, help="state digests every N committed steps (0: none)")
+    p.add_argument("--sigterm-at-step", type=int, default=-1, help="SIGTERM to itself in the middle of this step")
+    p.add_argument("--own-sigterm-handler", action="store_true", help="a SIGTERM handler of its own (only reports)")
     args = p.parse_args(argv)
+    if args.own_sigterm_handler:  # a script's own handler: the Manager must leave it alone
+        signal.signal(signal.SIGTERM, lambda *_: emit(event="own_sigterm_handler"))
     # startup timeline (hack/bench/bench_failover.py's rejoin breakdown): interpreter up, imports done
     emit(event="boot", group=args.group, time=BOOT, imported=IMPORTED)
 
@@ -105,7 +109,24 @@ def main(argv: list[str]) -> int:
         _wait(lambda: os.path.exists(args.join_file), 600, f"{args.join_file} to exist")
     mgr = Manager(cfg, state_dict, load_state_dict, replica_state=lambda: replica_tensors(model, opt))
     mgr.register_params(model.parameters())  # buckets all-reduced during the backward (one rank per group)
-    emit(event="ready", group=args.group, pid=os.getpid(), time=time.time(), built=built)
+    emit(event="ready", group=args.group, pid=os.getpid(), time=time.time(), built=built,
+         handles_sigterm=mgr.handles_sigterm)  # fmt: skip
+    try:
+        train(args, mgr, model, opt, data)
+    except Terminated as e:  # SIGTERM: the group left after its last step event; the process exits 143
+        emit(event="terminated", step=mgr.step, why=str(e))
+        mgr.shutdown()
+        raise
+    digest = param_digest(model.parameters())
+    mgr.report_finished(digest)  # with HSDP: rank 0's shard digest (each rank prints its own below)
+    emit(event="done", step=mgr.step, digest=digest, cursor=data["cursor"], metrics=mgr.metrics)
+    mgr.shutdown()
+    return 0
+
+
+def train(args: argparse.Namespace, mgr: Manager, model: torch.nn.Module, opt: torch.optim.Optimizer,
+          data: dict[str, int]) -> None:  # fmt: skip
+    """The training loop: one "step" event per attempt."""
     while mgr.step < args.steps:
         if mgr.step == args.pause_at_step:  # lets a test start another group while this one is mid-run
             emit(event="paused", step=mgr.step)
@@ -123,6 +144,9 @@ def main(argv: list[str]) -> int:
             loss = (model(x) - x.flip(1)).pow(2).mean()
             loss.backward()
         mgr.allreduce_gradients(model.parameters())
+        if mgr.step == args.sigterm_at_step:
+            emit(event="sigterm", step=mgr.step)
+            os.kill(os.getpid(), signal.SIGTERM)  # as the kubelet's: the step in flight must still commit
         committed = mgr.should_commit()
         if committed:
             opt.step()
@@ -145,11 +169,6 @@ def main(argv: list[str]) -> int:
         )
         if args.step_delay:
             time.sleep(args.step_delay)
-    digest = param_digest(model.parameters())
-    mgr.report_finished(digest)  # with HSDP: rank 0's shard digest (each rank prints its own below)
-    emit(event="done", step=mgr.step, digest=digest, cursor=data["cursor"], metrics=mgr.metrics)
-    mgr.shutdown()
-    return 0
 
 
 TOKEN = "test-token"

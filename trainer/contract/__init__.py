@@ -37,6 +37,13 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "ftjob-operator"
 ROLE_LIGHTHOUSE = "lighthouse"
 ROLE_WORKER = "worker"
+# The readiness gate of every worker pod: the operator sets this pod condition True while the lighthouse lists the
+# pod's generation of its group as a member of the current quorum, so "Ready" means "holds the job's state and
+# trains", which the job's PodDisruptionBudget counts (a drain never evicts below it).
+CONDITION_IN_QUORUM = "ftjob.dev/in-quorum"
+# A worker's exit status after SIGTERM (a pod deleted or evicted): it left the job at a step boundary. 128 + SIGTERM,
+# as a death by the signal reads, and never 0: the operator takes a group whose pods all exit 0 as finished training.
+EXIT_TERMINATED = 143
 
 # --- Ports ------------------------------------------------------------------------------------------------------
 LIGHTHOUSE_PORT = 29510  # lighthouse HTTP API

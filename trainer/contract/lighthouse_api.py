@@ -7,7 +7,7 @@ A POST body is declared ``Content-Type: application/json`` (else 415) and at mos
 /v1/watch takes query parameters (400).
 
   POST /v1/quorum               QuorumRequest -> QuorumResponse (long-polls; 504 ErrorResponse on timeout)
-  POST /v1/heartbeat            HeartbeatRequest -> HeartbeatResponse
+  POST /v1/heartbeat            HeartbeatRequest -> HeartbeatResponse (``leaving``: the group leaves the job for good)
   POST /v1/membership/...       the operator's: its own token only, the job's worker token gets 403 (lighthouse.auth)
   POST /v1/membership/evict     EvictRequest -> EvictResponse (drops groups at once, bans their incarnation)
   POST /v1/membership/starting  StartingRequest -> StartingResponse (joiners the quorum may wait for)
@@ -199,6 +199,11 @@ class HeartbeatRequest(Request):
     param_digest: Digest | None = None  # sha256 of its final parameters (with finished)
     progress: Count = 0  # bumped at every protocol point of the step (the group's slowest rank): a hang stops it
     waiting: bool = False  # every rank of the group is blocked in the step's cross-group collective
+    # This group leaves the job for good at a step boundary (its processes were asked to terminate: SIGTERM). The
+    # lighthouse drops it now and bans its incarnation; having committed the last quorum's step (``step`` above that
+    # quorum's), it is no missing member of it, so the others' next quorum forms at once without it and nothing
+    # aborts. One still in that step is lost as on a disconnect (the step in flight aborts).
+    leaving: bool = False
 
 
 class HeartbeatResponse(Answer):
@@ -337,7 +342,9 @@ class DroppedEvent(Answer):
     event: Literal["dropped"] = "dropped"
     time: float
     group: str
-    reason: str  # "heartbeat_timeout", "disconnected", "restarted", "evicted: <why>" or "handed_over: <why>"
+    # "heartbeat_timeout", "disconnected", "restarted", "left" (HeartbeatRequest.leaving), "evicted: <why>" or
+    # "handed_over: <why>"
+    reason: str
     # the dropped incarnation's generation (None: it did not say): an old generation's drop is no failure of the
     # group's current one
     generation: int | None = None

@@ -22,6 +22,10 @@ Spares and healing groups need no code of their own; ``register_state`` adds you
 and checkpoints hold. ``Manager`` is the lower-level step protocol the wrappers drive (see ftjob.gpt for a loop
 written on it).
 
+SIGTERM (a pod deleted or evicted, e.g. by ``kubectl drain``) needs no code either: the group finishes the step in
+flight, leaves the job at that step boundary and the process exits with 143 (``Terminated``, a SystemExit) -- unless
+the script installed a SIGTERM handler of its own, which is then left alone (ftjob.ft.termination).
+
 Every rank's Prometheus metrics (``ftjob_trainer_*``, served on FTJOB_METRICS_PORT) are fed by the Manager; a loop adds
 its own tokens and phases: ``ft.trainer_metrics().add_tokens(n)``, ``with ft.trainer_metrics().phase("data"): ...``.
 
@@ -44,7 +48,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from ftjob.ft.ddp import DistributedDataParallel
     from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
     from ftjob.ft.manager import InitialSyncError, Manager, ManagerConfig, QuorumInfo, QuorumUnavailable
-    from ftjob.ft.manager_types import StateLostError
+    from ftjob.ft.manager_types import StateLostError, Terminated
     from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
     from ftjob.ft.optim import GradScaler, LRScheduler, Optimizer
     from ftjob.ft.session import Session, SessionConfig
@@ -63,7 +67,7 @@ _LAZY = {  # public name -> the module defining it
     **dict.fromkeys(("current_session", "init"), "setup"),
     **dict.fromkeys(("MicroBatch", "StepShard", "step_shard"), "sharding"),
     **dict.fromkeys(("StateDictError",), "state_check"),
-    **dict.fromkeys(("StateLostError",), "manager_types"),
+    **dict.fromkeys(("StateLostError", "Terminated"), "manager_types"),
 }
 
 
@@ -107,6 +111,7 @@ __all__ = [
     "StateDictError",
     "StateLostError",
     "StepShard",
+    "Terminated",
     "TrainerMetrics",
     "current_session",
     "init",

@@ -109,6 +109,12 @@ class ControlPlane:
         if self._client is not None:
             self._client.heartbeat(step, finished=True, param_digest=param_digest, timeout_s=self.cfg.lost_timeout_s)
 
+    def leave(self, step: int) -> None:
+        """Rank 0 tells the lighthouse the group leaves the job for good after committing ``step`` (SIGTERM), then
+        leaves it (the other ranks: nothing to do, they exit with it)."""
+        if self._client is not None:
+            self._client.leave(step)
+
     def check(self) -> None:
         if self.lost is not None:
             raise GroupLinkLost(f"group {self.cfg.group} rank {self.cfg.rank}: {self.lost}")

@@ -83,19 +83,27 @@ class Integrity:
 
     # --- the guard -----------------------------------------------------------------------------------------------
     def vote(
-        self, ok: bool, table: list[list[float]] | None, rows: int, roundoff: float = guard.FLOAT32_ROUNDOFF
-    ) -> tuple[bool, str | None]:
+        self,
+        ok: bool,
+        table: list[list[float]] | None,
+        rows: int,
+        roundoff: float = guard.FLOAT32_ROUNDOFF,
+        leaving: bool = False,
+    ) -> tuple[bool, str | None, bool]:
         """The group's unanimous vote on the step, and the guard's verdict on it when every rank says yes: whether
-        the step commits, and why the guard refused it (None: it did not). ``table``: this rank's all-reduced guard
-        table, or its gathered sketch rows (ftjob.ft.grad_sync), ``rows`` the quorum's groups (the same on every
-        rank, so every vote matches), ``roundoff`` the gradient buckets' unit roundoff (the sketch check)."""
+        the step commits, why the guard refused it (None: it did not), and whether any rank of the group is leaving
+        the job (``leaving``: this rank got SIGTERM; carried in the same all-reduce). ``table``: this rank's
+        all-reduced guard table, or its gathered sketch rows (ftjob.ft.grad_sync), ``rows`` the quorum's groups (the
+        same on every rank, so every vote matches), ``roundoff`` the gradient buckets' unit roundoff (the sketch
+        check)."""
         self._offences = []
         if not self.guard.enabled:
-            return self._in_group.all_true(ok), None
+            ok, leave = self._in_group.vote(ok, leaving)
+            return ok, None, leave
         columns = guard.SKETCH_COLUMNS if self.guard.sketch else guard.COLUMNS
-        ok, summed = self._in_group.all_true_summing(ok, table, rows, columns)
+        ok, summed, leave = self._in_group.all_true_summing(ok, table, rows, columns, leaving)
         if not ok:
-            return False, None
+            return False, None, leave
         shards = self._in_group.world_size
         if self.guard.sketch:
             rows_ = guard.sketch_rows(summed, shards)
@@ -110,7 +118,7 @@ class Integrity:
             self._metrics.guard_offence(o.kind)
         if verdict.unattributed:
             self._metrics.guard_offence("sketch_mismatch")
-        return (False, verdict.refused) if verdict.refused is not None else (True, None)
+        return (False, verdict.refused, leave) if verdict.refused is not None else (True, None, leave)
 
     def after_vote(self, committed: bool, quorum_id: int, step: int) -> None:
         """After the vote: rank 0 keeps a refused step's verdict for the next request."""

@@ -56,6 +56,7 @@ log = logging.getLogger("ftjob.lighthouse_client")
 
 CONNECT_TIMEOUT_S = 2.0  # a SYN to a vanished pod IP is dropped, not refused: give up and retry
 RETRY_PAUSE_S = 0.1
+LEAVE_TIMEOUT_S = 5.0  # a short part of a pod's termination grace: the leave is worth seconds to the others, not more
 DEFAULT_LOST_TIMEOUT_S = 600.0
 
 
@@ -111,6 +112,7 @@ class LighthouseClient:
         self.abandoned: str | None = None  # why this process left the lighthouse for good (abandon())
         self._ws: aiohttp.ClientWebSocketResponse | None = None  # the open watch socket (quorum requests go there)
         self._asked = WatchQuorums()
+        self._leaving = False  # leave() began: no heartbeat may follow (the lighthouse bans the incarnation)
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> LighthouseClient:
@@ -186,8 +188,28 @@ class LighthouseClient:
         """The longest a quorum request can take: a wait, a loss, and a fresh wait after the lighthouse is back."""
         return 2 * timeout_s + self.lost_timeout_s + 10
 
+    def leave(self, step: int, timeout_s: float = LEAVE_TIMEOUT_S) -> bool:
+        """Tells the lighthouse this group leaves the job for good after committing ``step`` (HeartbeatRequest.leaving:
+        the others' next quorum forms without it at once), then leaves as ``abandon`` does: no heartbeat follows and
+        every later quorum request fails. False when the lighthouse did not hear it (unreachable or refusing): it
+        then drops the group when the watch socket closes."""
+        self._leaving = True
+        try:
+            self.heartbeat(step, timeout_s=timeout_s, leaving=True)
+            heard = True
+        except (LighthouseError, ConnectionError, TimeoutError) as e:
+            log.warning("group %s could not tell the lighthouse it leaves: %s", self.group, e)
+            heard = False
+        self.abandon("this group left the job (SIGTERM)")
+        return heard
+
     def heartbeat(
-        self, step: int, finished: bool = False, param_digest: str | None = None, timeout_s: float = 10.0
+        self,
+        step: int,
+        finished: bool = False,
+        param_digest: str | None = None,
+        timeout_s: float = 10.0,
+        leaving: bool = False,
     ) -> HeartbeatResponse:
         beat = HeartbeatRequest(
             group=self.group,
@@ -199,6 +221,7 @@ class LighthouseClient:
             param_digest=param_digest,
             progress=self.progress,
             waiting=self.waiting,
+            leaving=leaving,
         )
         return self.post(contract.PATH_HEARTBEAT, beat, HeartbeatResponse, timeout_s)
 
@@ -357,7 +380,7 @@ class LighthouseClient:
         """A heartbeat after every interval the group told the lighthouse nothing: a quorum request is one too (it
         refreshes liveness and starts the step's progress clock), so a step shorter than the interval costs the
         lighthouse one frame, not two -- at scale, where the pace is ~1 s, about half of what it reads per round."""
-        while not ws.closed:
+        while not ws.closed and not self._leaving:
             quiet = time.monotonic() - self._last_told
             if quiet < self._interval:
                 await asyncio.sleep(self._interval - quiet)

@@ -16,6 +16,9 @@ Step protocol (the lighthouse API is ftjob.contract.lighthouse_api):
                           sum): a refused step fails in every group. The step moves on a commit.
   prefetch_quorum()       optional, after a commit: asks for the next step's quorum while the optimizer steps.
 Every ``digest_every`` steps the group reports a digest of its parameters and optimizer state (ftjob.ft.integrity).
+SIGTERM (ftjob.ft.termination) is acted on at a step boundary: the commit vote carries it, so the whole group leaves
+after the same step; rank 0 tells the lighthouse at once (the survivors' next quorum forms without it) and the next
+start_quorum() raises Terminated (exit 143). A SIGTERM while rank 0 waits for a quorum leaves at once.
 Failures never block longer than ``collective_timeout_s``, and the lighthouse's abort signal (a member evicted,
 timed out or disconnected) wakes a pending collective at once, on every rank (ftjob.ft.control_plane).
 
@@ -37,6 +40,7 @@ import torch
 from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumRequest, QuorumResponse
 from ftjob.contract.tls import TlsConfig
+from ftjob.ft import termination
 from ftjob.ft.control_plane import ControlPlane
 from ftjob.ft.gc_freeze import freeze_loaded
 from ftjob.ft.grad_sync import GradientSync
@@ -45,7 +49,7 @@ from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY, Integrity
 from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
 from ftjob.ft.manager_group import InGroup
 from ftjob.ft.manager_types import GroupAnswer as _GroupAnswer
-from ftjob.ft.manager_types import InitialSyncError, QuorumInfo, QuorumUnavailable, StateLostError
+from ftjob.ft.manager_types import InitialSyncError, QuorumInfo, QuorumUnavailable, StateLostError, Terminated
 from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
 from ftjob.ft.process_group import CollectiveError, CrossGroupPG
 from ftjob.ft.recovery import RecoveryError, RecoveryServer, fetch_state
@@ -53,6 +57,7 @@ from ftjob.ft.recovery_codec import CodecError
 from ftjob.ft.state_check import StateDictError, check_state_dict
 
 log = logging.getLogger("ftjob.manager")
+SIGTERM_POLL_S = 0.1  # how often rank 0, waiting for a quorum, looks whether SIGTERM came (a signal cannot wake it)
 freeze_loaded()  # the Manager's own dependencies (aiohttp, pydantic, numpy, ...) too: ftjob.ft.gc_freeze
 
 
@@ -145,6 +150,10 @@ class Manager:
         self._commit_failures = 0
         self._last_heal_s: float | None = None
         self._prefetched: concurrent.futures.Future[QuorumResponse] | None = None  # next step's quorum request
+        self._leaving = False  # the group voted to leave the job (SIGTERM): it left the lighthouse, exits next step
+        # last: SIGTERM is this Manager's to act on from now until shutdown() (unless the script has its own handler)
+        self.handles_sigterm = termination.WATCH.claim()
+        self._claimed = True
 
     def register_params(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Lets the all-reduce of each gradient bucket start during the backward pass (hooks on ``params``, which
@@ -195,18 +204,20 @@ class Manager:
     def prefetch_quorum(self) -> None:
         """Sends the next step's quorum request now (right after a commit), so its round-trip overlaps the
         optimizer step instead of opening the next step; start_quorum() then collects the answer."""
-        if self.cfg.rank == 0 and self._prefetched is None:
+        if self.cfg.rank == 0 and self._prefetched is None and not self._leaving:
             self._prefetched = self._control.client.quorum_async(self._quorum_request(), self.cfg.quorum_timeout_s)
 
     def _ask_lighthouse(self) -> _GroupAnswer:
         if self.cfg.rank != 0:
             return _GroupAnswer()
         pending, self._prefetched = self._prefetched, None
+        client = self._control.client
         try:
-            if pending is not None:
-                answer = pending.result(self._control.client.quorum_wait_bound(self.cfg.quorum_timeout_s))
-            else:
-                answer = self._control.client.quorum(self._quorum_request(), self.cfg.quorum_timeout_s)
+            if pending is None:
+                pending = client.quorum_async(self._quorum_request(), self.cfg.quorum_timeout_s)
+            answer = self._await_quorum(pending, client.quorum_wait_bound(self.cfg.quorum_timeout_s))
+            if answer is None:
+                return _GroupAnswer(leaving=True)
             self._last_heal_s = None
             return _GroupAnswer(quorum=answer)
         except EvictedError as e:
@@ -215,10 +226,29 @@ class Manager:
             self._control.check()  # this group lost a rank (it left the lighthouse): no broadcast to the dead rank
             return _GroupAnswer(error=str(e))
 
+    def _await_quorum(
+        self, pending: concurrent.futures.Future[QuorumResponse], bound_s: float
+    ) -> QuorumResponse | None:
+        """The answer to the quorum request in flight, or None when SIGTERM came while waiting for it (the request is
+        given up: between steps this group can leave at once)."""
+        deadline = time.monotonic() + bound_s
+        while True:
+            if termination.WATCH.requested():
+                pending.cancel()  # the lighthouse forgets it; should it have formed meanwhile, the leave aborts it
+                return None
+            try:
+                return pending.result(max(0.0, min(SIGTERM_POLL_S, deadline - time.monotonic())))
+            except TimeoutError:
+                if pending.done() or time.monotonic() >= deadline:  # the request's own timeout, or the bound's
+                    pending.cancel()
+                    raise
+
     def start_quorum(self) -> QuorumInfo:
         """Joins this step's quorum; heals first if behind. Raises EvictedError / QuorumUnavailable (exit),
         StateDictError (this group's state cannot be served to a healing peer), InitialSyncError, StateLostError,
-        GroupLinkLost."""
+        GroupLinkLost, and Terminated (SIGTERM: the group left the job at this step boundary)."""
+        if self._leaving:
+            self._exit_terminated()
         self._control.check()  # a rank of this group died: the whole group exits
         self._t_quorum_start = time.monotonic()
         if self._t_commit is None:
@@ -227,6 +257,9 @@ class Manager:
         self._t_reduce_start = 0.0
         self._integrity.at_step_boundary(self.step)  # the state committed at self.step: digest (and test faults)
         answer = _GroupAnswer.model_validate(self._group.broadcast_json(self._ask_lighthouse().model_dump(mode="json")))
+        if answer.leaving:
+            self._leave()
+            self._exit_terminated()
         if answer.quorum is None:
             if answer.evicted:
                 raise EvictedError(410, answer.error or "evicted")
@@ -362,7 +395,10 @@ class Manager:
             )
             ok = False
         participants = self._info.participants if self._info else 0
-        ok, refused = self._integrity.vote(ok, self._grads.guard_table, participants, self._grads.roundoff)
+        leaving = termination.WATCH.requested()  # this rank's; the vote says whether any rank of the group got it
+        ok, refused, leave = self._integrity.vote(
+            ok, self._grads.guard_table, participants, self._grads.roundoff, leaving
+        )
         if refused is not None:
             self._fail(refused, "guard")  # every group judged the same numbers: no group commits this step
         self._integrity.after_vote(ok, self._info.quorum_id if self._info else self._quorum_id, self.step)
@@ -381,7 +417,27 @@ class Manager:
         self._info = None
         self._inflight = None
         self._grads.disarm()
+        if leave:
+            self._leave()
         return ok
+
+    def _leave(self) -> None:
+        """The group leaves the job at this step boundary (a rank of it got SIGTERM): rank 0 tells the lighthouse now,
+        so the survivors' next quorum forms without this group, and nothing is asked any more."""
+        if self._leaving:
+            return
+        self._leaving = True
+        if self._prefetched is not None:
+            self._prefetched.cancel()
+            self._prefetched = None
+        log.warning("group %s rank %d: SIGTERM: leaving the job at step %d", self.cfg.group, self.cfg.rank, self.step)
+        self._control.leave(self.step)
+
+    def _exit_terminated(self) -> None:
+        """Raises Terminated on every rank together: a rank > 0 waits until rank 0 has told the lighthouse (its exit
+        would otherwise drop the group link first, which rank 0 takes for a dead rank)."""
+        self._group.all_true(True)
+        raise Terminated(f"group {self.cfg.group} rank {self.cfg.rank}: SIGTERM: left the job at step {self.step}")
 
     def _record_commit(self, t_vote: float) -> None:
         """The phases the Manager can time itself, at the same boundaries as ftjob.gpt's CommitRecord.phases:
@@ -401,10 +457,15 @@ class Manager:
         check_state_dict(self._state_dict(), f"group {self.cfg.group} rank {self.cfg.rank}")
 
     def report_finished(self, param_digest: str) -> None:
-        """Tells the lighthouse this group trained its last step, with a digest of its parameters."""
-        self._control.report_finished(self.step, param_digest)
+        """Tells the lighthouse this group trained its last step, with a digest of its parameters (unless the group
+        left the job after that step: SIGTERM)."""
+        if not self._leaving:
+            self._control.report_finished(self.step, param_digest)
 
     def shutdown(self) -> None:
+        if self._claimed:
+            termination.WATCH.release()
+            self._claimed = False
         if self._prefetched is not None:
             self._prefetched.cancel()  # the lighthouse then forgets the request (its connection closes)
         self._control.close()

@@ -1,6 +1,7 @@
 """What the ranks of one replica group tell each other (over the group's default process group, no pickle):
 rank 0's lighthouse answer, every rank's addresses, and unanimous votes (with the guard's table summed over the
-ranks)."""
+ranks). The commit vote also carries each rank's wish to leave the job (it got SIGTERM): the group leaves as one,
+after the same step, if any rank wishes to."""
 
 from __future__ import annotations
 
@@ -67,19 +68,31 @@ class InGroup:
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
 
+    def vote(self, flag: bool, leaving: bool) -> tuple[bool, bool]:
+        """The commit vote: (every rank says True, some rank is leaving), in one all-reduce."""
+        if self.world_size == 1:
+            return flag, leaving
+        t = self._tensor([0 if flag else 1, 1 if leaving else 0], torch.int32)  # summed: ranks against, leaving
+        dist.all_reduce(t)
+        against, leavers = t.tolist()
+        return against == 0, leavers > 0
+
     def all_true_summing(
-        self, flag: bool, table: list[list[float]] | None, rows: int, columns: int
-    ) -> tuple[bool, list[list[float]]]:
-        """``all_true`` that also sums every rank's ``rows`` x ``columns`` table (a rank without one sends zeros), in
-        the same single all-reduce: the vote a sharded group takes anyway carries its shards' guard rows."""
+        self, flag: bool, table: list[list[float]] | None, rows: int, columns: int, leaving: bool = False
+    ) -> tuple[bool, list[list[float]], bool]:
+        """``vote`` that also sums every rank's ``rows`` x ``columns`` table (a rank without one sends zeros), in the
+        same single all-reduce: the vote a sharded group takes anyway carries its shards' guard rows. Returns
+        (every rank says True, the summed table, some rank is leaving)."""
         if table is not None and len(table) != rows:
             table, flag = None, False  # not this quorum's table: this rank cannot vote for the step
         if self.world_size == 1:
-            return flag, table if table is not None else [[0.0] * columns for _ in range(rows)]
-        t = torch.zeros(1 + rows * columns, dtype=torch.float64, device=self._device)
+            return flag, table if table is not None else [[0.0] * columns for _ in range(rows)], leaving
+        t = torch.zeros(2 + rows * columns, dtype=torch.float64, device=self._device)
         t[0] = 0.0 if flag else 1.0  # summed: the number of ranks against
+        t[1] = 1.0 if leaving else 0.0  # summed: the number of ranks leaving
         if table is not None:
-            t[1:] = torch.tensor(table, dtype=torch.float64).flatten()
+            t[2:] = torch.tensor(table, dtype=torch.float64).flatten()
         dist.all_reduce(t)
         values = t.tolist()
-        return values[0] == 0.0, [values[1 + r * columns : 1 + (r + 1) * columns] for r in range(rows)]
+        rows_ = [values[2 + r * columns : 2 + (r + 1) * columns] for r in range(rows)]
+        return values[0] == 0.0, rows_, values[1] > 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumResponse
 from pydantic import BaseModel
 
@@ -34,9 +35,24 @@ class StateLostError(RuntimeError):
     the group exits rather than train or serve a torn state (its replacement restores the job's checkpoint)."""
 
 
+class Terminated(SystemExit):
+    """This process was asked to terminate (SIGTERM: its pod is deleted or evicted) and its group left the job at a
+    step boundary (ftjob.ft.termination). A SystemExit, so the interpreter exits with contract.EXIT_TERMINATED (143)
+    through ``finally`` blocks and atexit, and no ``except Exception`` in a training loop holds it up: never with 0,
+    which the operator would take for the group having finished training."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(contract.EXIT_TERMINATED)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class GroupAnswer(BaseModel):
     """What rank 0 tells the other ranks of its group after asking the lighthouse."""
 
     quorum: QuorumResponse | None = None
     error: str | None = None
     evicted: bool = False
+    leaving: bool = False  # SIGTERM came while rank 0 waited for the quorum: the group leaves now

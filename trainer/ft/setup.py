@@ -45,6 +45,11 @@ def init(
     steps (env FTJOB_CHECKPOINT_EVERY; 0: never). Other keywords override ManagerConfig fields, e.g.
     ``gradient_guard`` (env FTJOB_GRADIENT_GUARD), ``guard_norm_ratio`` (FTJOB_GUARD_NORM_RATIO), ``guard_sketch``
     (FTJOB_GUARD_SKETCH) and ``digest_every`` (FTJOB_DIGEST_EVERY).
+
+    SIGTERM (the pod deleted or evicted) is handled from the first step on, by the session's Manager: the group
+    leaves the job after the step in flight and the process exits 143 (ftjob.ft.termination) -- unless the script
+    installed a SIGTERM handler of its own by then, which is left alone. Before the first step it ends the process
+    at once, as without ftjob: there is nothing to finish.
     """
     global _current
     if _current is not None:

@@ -30,6 +30,7 @@ _OUTCOMES = {
     "heartbeat_timeout": "dropped: no heartbeat within the heartbeat timeout",
     "disconnected": "dropped: its watch socket closed",
     "restarted": "replaced by a new incarnation of the group (this one is banned)",
+    "left": "left the job at a step boundary: its process was asked to terminate (this incarnation is banned)",
 }
 T = TypeVar("T")
 

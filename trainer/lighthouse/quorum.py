@@ -206,6 +206,22 @@ class QuorumCore:
         self._drop(group, "disconnected", now)
         return True
 
+    def leave(self, group: str, incarnation: str, step: int, now: float) -> bool:
+        """The group's process leaves the job for good at a step boundary (it was asked to terminate): dropped now,
+        its incarnation banned (its last heartbeats must not register it again). ``step`` is its committed step. If it
+        committed the last quorum's step, it is no missing member of that quorum, as a handed-over one is: the
+        survivors' next quorum forms at once on their asks and nothing aborts (a survivor may still be finishing the
+        step's collective with it). If it is still in that step (its step no later than the quorum's), the step in
+        flight is lost, as on a disconnect. Returns whether it was a member (a repeated leave changes nothing)."""
+        self.check_group(group)
+        self._banned.add((group, incarnation))
+        member = self.members.get(group)
+        if member is None or member.incarnation != incarnation:
+            return False
+        in_step = self._prev.get(group) == incarnation and step <= self.committed_step
+        self._drop(group, "left", now, lost=in_step)
+        return True
+
     def _drop(self, group: str, reason: str, now: float, lost: bool = True) -> None:
         """Forgets the group's member; ``lost=False`` (a handover) lets the last quorum, if it was in it, go on."""
         member = self.members.pop(group)

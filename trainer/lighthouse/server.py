@@ -250,7 +250,7 @@ class LighthouseServer(WatchSocketEndpoint):
                 continue  # no request, or one from the incarnation that replaced the dropped one: it stands
             del self._waiters[group]
             if not waiter[1].done():
-                status = 410 if reason.startswith(("evicted", "handed_over")) else 409  # banned: never again
+                status = 410 if reason.startswith(("evicted", "handed_over", "left")) else 409  # banned: never again
                 waiter[1].set_exception(QuorumError(status, f"group {group!r} was dropped ({reason}); ask again"))
         self.core.dropped_events.clear()
         self.auditor.drained()
@@ -374,6 +374,9 @@ class LighthouseServer(WatchSocketEndpoint):
     async def _heartbeat(self, request: web.Request) -> web.Response:
         beat = await parse(request, HeartbeatRequest)
         self.core.check_group(beat.group)  # any rank's: a group id outside the job's is refused, counted or not
+        if beat.leaving and beat.rank == 0:
+            self._leave(beat, actor_of(request))
+            return reply(HeartbeatResponse(ok=True, quorum_id=self.core.quorum_id, abort_below=self.core.abort_below))
         if beat.rank == 0:
             frame = WatchHeartbeat.model_validate(beat.model_dump(include=set(WatchHeartbeat.model_fields)))
             self._beat(beat.group, beat.incarnation, actor_of(request), "heartbeat", frame, beat.generation)
@@ -393,6 +396,14 @@ class LighthouseServer(WatchSocketEndpoint):
             call()  # the steady state (most of the lighthouse's work at scale): nothing to audit, no auditor's round
         else:
             self.auditor.touch(group, incarnation, actor, how, now, call)
+
+    def _leave(self, beat: HeartbeatRequest, actor: str) -> None:
+        """A group's process leaves the job for good (SIGTERM, at a step boundary): dropped and audited now, as its
+        own doing, and the survivors' pending quorum, which need not wait for it, may form at once."""
+        now = self._clock()
+        self.core.leave(beat.group, beat.incarnation, beat.step, now)
+        self.auditor.drops(actor, now)
+        self._advance()
 
     async def _evict(self, request: web.Request) -> web.Response:
         req = await parse(request, EvictRequest)
