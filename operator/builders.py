@@ -185,6 +185,10 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = subdomain
     pod_spec["restartPolicy"] = "Never"  # a group restarts as a whole, never one rank in place
+    # Ready only while the lighthouse lists this generation in its quorum (operator/readiness.py): what the job's
+    # PodDisruptionBudget counts. A template's own gates stay (all must hold).
+    gates = [g for g in pod_spec.get("readinessGates") or [] if g.get("conditionType") != contract.CONDITION_IN_QUORUM]
+    pod_spec["readinessGates"] = [*gates, {"conditionType": contract.CONDITION_IN_QUORUM}]
     if spec.pods_per_replica == 1:
         master = _pod_ip_env(contract.ENV_MASTER_ADDR)  # a single rank meets itself: no DNS needed
     else:
@@ -237,6 +241,37 @@ def worker_pod(job: str, namespace: str, spec: JobSpec, group: GroupState, rank:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": pod_spec,
+    }
+
+
+def pod_disruption_budget(job: str, namespace: str, spec: JobSpec) -> dict[str, Any]:
+    """The job's PodDisruptionBudget over its worker pods, every generation (operator/readiness.py): minAvailable is
+    every group's pods, and a pod counts as available only while it is Ready, i.e. in the lighthouse's quorum. So the
+    Eviction API (`kubectl drain`) never takes a pod out of the quorum: it waits until the group's replacement, which
+    the operator starts elsewhere when the drain cordons the node (spec.nodeHealth), has taken over -- the old
+    generation then leaves the quorum, is no longer Ready and may go. With minReplicas groups as the minimum instead,
+    a drain could evict groups down to minReplicas at once and replace them only afterwards (break-before-make);
+    every group guards both promises. A pod out of any quorum (starting, healing, its group stopped) never holds a
+    drain up: unhealthyPodEvictionPolicy AlwaysAllow (Kubernetes >= 1.27; older API servers drop the field and let
+    such pods go only while every group is in the quorum).
+
+    Without a migration off cordoned nodes (spec.nodeHealth migrate or cordoned false) nothing would ever move a group
+    off a draining node and the drain would wait forever: minAvailable is 0 then (the budget allows every eviction,
+    and an evicted group is replaced as any deleted one)."""
+    migrates = spec.node_health.migrate and spec.node_health.cordoned
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": names.disruption_budget(job),
+            "namespace": namespace,
+            "labels": common_labels(job, "disruption-budget"),
+        },
+        "spec": {
+            "minAvailable": spec.total_groups * spec.pods_per_replica if migrates else 0,
+            "selector": {"matchLabels": {contract.LABEL_JOB: job, contract.LABEL_ROLE: contract.ROLE_WORKER}},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
     }
 
 

@@ -53,6 +53,7 @@ class KubeApi:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
+        self.policy = client.PolicyV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.pool = ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="kube")
 
@@ -63,18 +64,51 @@ class KubeApi:
 
     # --- create-if-absent -------------------------------------------------------------------------------------------
     async def create(self, obj: dict[str, Any]) -> bool:
-        """Create a namespaced Pod/Service/Secret; False when it already exists (a retry or another replica)."""
+        """Create a namespaced Pod/Service/Secret/PodDisruptionBudget; False when it already exists (a retry or
+        another replica)."""
         ns, kind = obj["metadata"]["namespace"], obj["kind"]
         fn = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "Secret": self.core.create_namespaced_secret,
+            "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
         }[kind]
         try:
             await self._call(fn, ns, obj, _preload_content=False)
             return True
         except ApiException as e:
             if e.status == 409:
+                return False
+            raise
+
+    async def apply_disruption_budget(self, obj: dict[str, Any]) -> None:
+        """Create the PodDisruptionBudget, or bring an existing one's spec to ``obj``'s (a scaled job, a changed
+        nodeHealth, one made by an older operator)."""
+        if await self.create(obj):
+            return
+        meta = obj["metadata"]
+        await self._call(
+            self.policy.patch_namespaced_pod_disruption_budget,
+            meta["name"],
+            meta["namespace"],
+            {"spec": obj["spec"]},
+            _preload_content=False,
+        )
+
+    async def set_pod_condition(self, namespace: str, name: str, condition: dict[str, Any]) -> bool:
+        """Set one condition of a pod's status (a strategic merge: conditions merge by type, the others stay); the
+        readiness gate's. False when the pod is gone."""
+        try:
+            await self._call(
+                self.core.patch_namespaced_pod_status,
+                name,
+                namespace,
+                {"status": {"conditions": [condition]}},
+                _preload_content=False,
+            )
+            return True
+        except ApiException as e:
+            if e.status == 404:
                 return False
             raise
 

@@ -1,11 +1,12 @@
-"""Make-before-break migration of replica groups off degrading nodes (spec.nodeHealth), and the opt-in scheduling
-deadline (failurePolicy.unschedulableTimeoutSeconds): pieces of the planner, pure logic."""
+"""Make-before-break migration of replica groups off degrading nodes (spec.nodeHealth), what a drain of such a node
+does to a group the migration did not reach first, and the opt-in scheduling deadline
+(failurePolicy.unschedulableTimeoutSeconds): pieces of the planner, pure logic."""
 
 from __future__ import annotations
 
 from ftjob.operator.actions import Actions, Event, Observed
-from ftjob.operator.failures import node_is_lost
-from ftjob.operator.model import FailurePolicy, GroupState, JobSpec, JobState, PodView
+from ftjob.operator.failures import Failure, node_is_lost
+from ftjob.operator.model import ACTION_IGNORE, FailurePolicy, GroupState, JobSpec, JobState, PodView
 
 # A migrating group's old generation leaves by itself once its replacement registers with the lighthouse; if it still
 # runs this long after the migration began and the replacement runs, it is deleted.
@@ -35,6 +36,22 @@ def should_migrate(g: GroupState, current: list[PodView], spec: JobSpec, s: JobS
     if len(current) != spec.pods_per_replica or not all(p.phase == "Running" for p in current):
         return False
     return any(p.node in obs.degraded_nodes for p in current if p.node)
+
+
+def drained(current: list[PodView], obs: Observed) -> Failure | None:
+    """The group's current generation is going because a pod of it is being deleted, by someone other than this
+    operator, on a degrading node: `kubectl drain` cordons (spec.nodeHealth calls a cordoned node degrading) and then
+    evicts. Normally the job's PodDisruptionBudget holds the eviction until the migration's replacement has taken
+    over, so such a pod is the old generation and no failure at all; this is the rest (a pod evicted before the
+    migration reached its group: not in a quorum, or with the operator down). The group leaves the node as a migration
+    would, only break-before-make, so its restart spends no budget, and the node is avoided strictly. Whatever else
+    the generation's pods show follows from the eviction: the group's other ranks exited 143 with it (it left the job
+    together), or failed because it went. None when no pod of the generation was evicted so."""
+    for p in current:
+        if p.deletion_time is not None and p.name not in obs.deleting and p.node in obs.degraded_nodes:
+            why = f"pod {p.name} was evicted from node {p.node}, which is degrading: {obs.degraded_nodes[p.node]}"
+            return Failure(REASON_NODE_DEGRADED, why, p.name, p.node, p.exit_code, ACTION_IGNORE, False, True)
+    return None
 
 
 def migrate_group(s: JobState, g: GroupState, current: list[PodView], obs: Observed, a: Actions) -> None:

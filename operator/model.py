@@ -323,6 +323,8 @@ class PodView:
     unschedulable: str = ""  # the scheduler's message while PodScheduled is False (reason Unschedulable)
     owner_uid: str | None = None  # the controlling job's uid: a recreated job never adopts its predecessor's pods
     created: float | None = None  # metadata.creationTimestamp (an unschedulable pod has waited since then)
+    # the readiness gate's condition (contract.CONDITION_IN_QUORUM) as the operator last set it; None: never set
+    in_quorum: bool | None = None
 
     @property
     def terminal(self) -> bool:
@@ -359,6 +361,7 @@ class PodView:
             ),
             "",
         )
+        gate = next((c.get("status") for c in conditions if c.get("type") == contract.CONDITION_IN_QUORUM), None)
         deletion = meta.get("deletionTimestamp")
         owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
         return cls(
@@ -383,6 +386,7 @@ class PodView:
             unschedulable=unschedulable,
             owner_uid=owner,
             created=parse_time(meta["creationTimestamp"]) if meta.get("creationTimestamp") else None,
+            in_quorum=None if gate is None else gate == "True",
         )
 
 

@@ -14,6 +14,11 @@ def group_service(job: str, group: int) -> str:
     return f"{job}-g{group}"
 
 
+def disruption_budget(job: str) -> str:
+    """The PodDisruptionBudget over the job's worker pods: a drain evicts none that holds the job's state."""
+    return f"{job}-workers"
+
+
 def lighthouse_pod(job: str, generation: int) -> str:
     return f"{job}-lighthouse-{generation}"
 

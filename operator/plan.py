@@ -22,6 +22,8 @@ from ftjob.operator.failures import (
 )
 from ftjob.operator.integrity import eviction_of_generation, integrity_failure
 from ftjob.operator.migration import (
+    REASON_NODE_DEGRADED,
+    drained,
     keep_while_migrating,
     migrate_group,
     migration_progress,
@@ -182,6 +184,8 @@ def _groups(
         if failure is None and idx in obs.silent_groups and current:
             failure = Failure(REASON_HEARTBEAT_LOST, obs.silent_groups[idx], current[0].name, current[0].node, None,
                               ACTION_RESTART_GROUP, False)  # fmt: skip
+        if failure is not None and failure.action != ACTION_FAIL_JOB and not failure.node_lost:
+            failure = drained(current, obs) or failure  # a drain's eviction: a migration, no budget spent
         if (why := eviction_of_generation(g, current, obs.integrity_drops.get(idx))) is not None:
             failure = integrity_failure(idx, why, current, failure)  # what the lighthouse saw, not its consequence
         if failure is not None:
@@ -256,7 +260,7 @@ def _restart_group(
         s.total_restarts += 1
     g.avoid_node = failure.node
     g.avoid_required = failure.node_lost or failure.avoid_strictly
-    if failure.node:
+    if failure.node and failure.reason != REASON_NODE_DEGRADED:  # a drain is no fault of the node's
         a.failed_nodes.append(failure.node)
     g.not_before = now + delay_s
     g.failed_at = now if g.failed_at is None else g.failed_at
@@ -266,6 +270,8 @@ def _restart_group(
     a.persist_first = True
     wait = f" after a {delay_s:g}s back-off" if delay_s > 0 else ""
     budget = "" if counted else " (an Ignore rule matched: no budget spent)"
+    if failure.reason == REASON_NODE_DEGRADED:
+        budget = " (a voluntary disruption of a degrading node: no budget spent)"
     a.events.append(
         Event("Warning", "GroupRestart", f"{failure.message}: replica group {g.index} restarts as generation "
               f"{g.generation}{wait}{budget}")

@@ -6,7 +6,8 @@ down. This task needs none: owner references and the garbage collector remove th
 Order of effects in one reconcile (each step idempotent, so a crash anywhere is repaired by the next run):
   1. tell the lighthouse about evictions (the most time-critical signal; safe to repeat),
   2. persist status when a generation changed (before pods are touched: a restart is never forgotten),
-  3. delete and create pods concurrently (deterministic names; 409/404 tolerated), ensure Services,
+  3. delete and create pods concurrently (deterministic names; 409/404 tolerated), ensure Services and the
+     PodDisruptionBudget, set the worker pods' readiness-gate conditions from the lighthouse's view (readiness.py),
   4. announce starting groups and the desired contributor count to the lighthouse, post Events,
   5. write the aggregated status (coalesced).
 
@@ -26,14 +27,14 @@ from typing import Any
 import kopf
 from ftjob import contract
 from ftjob.contract import pki, tls
-from ftjob.operator import builders, metrics, names, progress
+from ftjob.operator import builders, metrics, names, progress, readiness
 from ftjob.operator.audit import AuditMark, AuditMirror
 from ftjob.operator.integrity import INTEGRITY_REASONS, integrity_drops, status_integrity
 from ftjob.operator.job_lighthouse import LIGHTHOUSE_POLL_S, RETRY_S, JobLighthouse, declared_generations
 from ftjob.operator.kubeapi import KubeApi, api_message
 from ftjob.operator.lighthouse_client import LighthouseClient
 from ftjob.operator.lighthouse_view import LighthouseView
-from ftjob.operator.model import JobSpec, JobState, PodView, parse_time
+from ftjob.operator.model import JobSpec, JobState, PodView, format_time, parse_time
 from ftjob.operator.node_health import NodeView, degraded_nodes
 from ftjob.operator.node_policy import NodePolicy
 from ftjob.operator.plan import SURVIVOR_PHASES, Actions, Observed, Result, plan
@@ -45,6 +46,8 @@ log = logging.getLogger("ftjob.operator.worker")
 
 RESYNC_S = 10.0  # reconcile at least this often even with no events (a level-based safety net)
 STATUS_MIN_INTERVAL_S = 0.5
+BUDGET_RETRY_S = 60.0  # a refused PodDisruptionBudget write is tried again this much later
+BUDGET_REFRESH_S = 300.0  # an unchanged one is written again this often (someone may have deleted it)
 ERROR_BACKOFF_S = 2.0
 
 
@@ -75,6 +78,10 @@ class JobWorker(JobLighthouse):
         self.operator_token: str | None = None
         self.lh_tls: ssl.SSLContext | None = None
         self.services_ok: set[str] = set()
+        self.budget_applied: dict[str, Any] | None = None  # the PodDisruptionBudget spec last written (None: refused)
+        self.budget_due = 0.0  # when to write it again unless its spec changes first (monotonic)
+        self.gates_set: dict[str, bool] = {}  # pod -> readiness-gate condition last patched (the index may lag)
+        self.gates_warned = False
         self.create_refused: dict[int, str] = {}  # group (or LIGHTHOUSE) -> why the apiserver refused its pod
         self.last_status: dict[str, Any] | None = (body.get("status") or None) and dict(body["status"])
         self.last_status_write = 0.0
@@ -173,6 +180,9 @@ class JobWorker(JobLighthouse):
             await self._write_status(spec, result, pods, force=True)
         refusals_changed = await self._apply_pods(spec, result)
         await self._apply_services(spec, a)
+        if result.state.outcome is None:
+            await self._apply_budget(spec)
+            await self._sync_readiness(pods, result.state, now)
         if a.starting:
             self.pending_starting.update(a.starting)
         retry = await self._tell_lighthouse(self._lighthouse_base(pods, result.state), spec, result)
@@ -295,6 +305,52 @@ class JobWorker(JobLighthouse):
             name = names.group_service(self.name, i)
             await self.kube.delete_service(self.namespace, name)
             self.services_ok.discard(name)
+
+    async def _apply_budget(self, spec: JobSpec) -> None:
+        """The job's PodDisruptionBudget (created with the Services, owned by the job): written when its spec changes
+        and every few minutes (level-based: one deleted by hand comes back). A refusal (e.g. RBAC without
+        policy/poddisruptionbudgets) is logged and retried a minute later: the job trains on, only a drain is not held
+        up for it."""
+        budget = builders.pod_disruption_budget(self.name, self.namespace, spec)
+        now = time.monotonic()
+        if now < self.budget_due and (self.budget_applied is None or self.budget_applied == budget["spec"]):
+            return
+        try:
+            await self.kube.apply_disruption_budget(self._owned(budget))
+        except ApiException as e:
+            self.budget_applied, self.budget_due = None, now + BUDGET_RETRY_S
+            log.warning("%s/%s: no PodDisruptionBudget (%s): a drain may evict groups before their replacement took "
+                        "over", self.namespace, self.name, api_message(e))  # fmt: skip
+            return
+        self.budget_applied, self.budget_due = budget["spec"], now + BUDGET_REFRESH_S
+
+    async def _sync_readiness(self, pods: list[PodView], state: JobState, now: float) -> None:
+        """Sets each worker pod's readiness-gate condition from the lighthouse's view (operator/readiness.py): the
+        pods leaving the quorum first, then those joining it, so the budget never counts two generations of a group.
+        Only from a fresh view of the current lighthouse: without one nothing changes (a Ready pod stays Ready, and
+        the budget keeps holding a drain until the lighthouse is back)."""
+        view = self.lh_view
+        fresh = view is not None and now - self.lh_view_at <= 3 * LIGHTHOUSE_POLL_S
+        if not fresh or view is None or self.lh_view_generation != state.lighthouse_generation:
+            return
+        shown = {p.name: bool(p.in_quorum) for p in pods}
+        self.gates_set = {n: v for n, v in self.gates_set.items() if n in shown and shown[n] != v}  # still lagging
+        todo = [c for c in readiness.gate_changes(view, pods) if self.gates_set.get(c.pod) != c.in_quorum]
+        stamp = format_time(now) or ""
+        for joining in (False, True):
+            batch = [c for c in todo if c.in_quorum == joining]
+            results = await asyncio.gather(
+                *(self.kube.set_pod_condition(self.namespace, c.pod, readiness.condition(c, stamp)) for c in batch),
+                return_exceptions=True,
+            )
+            for change, r in zip(batch, results, strict=True):
+                if isinstance(r, BaseException):
+                    if not self.gates_warned:  # e.g. RBAC without pods/status patch: pods stay un-Ready, say so once
+                        self.gates_warned = True
+                        log.warning("%s/%s: cannot set pod %s's %s condition: %s", self.namespace, self.name,
+                                    change.pod, contract.CONDITION_IN_QUORUM, r)  # fmt: skip
+                    continue
+                self.gates_set[change.pod] = change.in_quorum
 
     async def _write_status(self, spec: JobSpec, result: Result, pods: list[PodView], force: bool) -> float | None:
         """Write status if it changed; unless forced, at most every STATUS_MIN_INTERVAL_S (returns the wait)."""

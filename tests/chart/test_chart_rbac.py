@@ -23,6 +23,9 @@ MUST_IN_WATCHED = [  # operator/RBAC.md
     ("delete", "pods"),
     ("list", "pods"),
     ("watch", "pods"),
+    ("patch", "pods --subresource=status"),  # the readiness gate's condition
+    ("create", "poddisruptionbudgets.policy"),
+    ("patch", "poddisruptionbudgets.policy"),
     ("create", "services"),
     ("delete", "services"),
     ("create", "secrets"),
@@ -39,6 +42,8 @@ MUST_NOT_ANYWHERE = [
     ("delete", "secrets"),
     ("patch", "pods"),
     ("update", "pods"),
+    ("update", "pods --subresource=status"),
+    ("delete", "poddisruptionbudgets.policy"),  # the garbage collector removes it with its job
     ("patch", FTJ),  # the spec belongs to the user
     ("update", FTJ),
     ("create", "pods --subresource=exec"),

@@ -11,10 +11,19 @@
 - apiGroups: ["ftjob.dev"]
   resources: ["faulttoleranttrainingjobs/finalizers"]
   verbs: ["update"]
-# Worker and lighthouse pods: indexed by a watch, created, deleted (grace 0 for pods on lost nodes). Never patched.
+# Worker and lighthouse pods: indexed by a watch, created, deleted (grace 0 for pods on lost nodes). Never patched
+# themselves (only one condition of a worker pod's status, below).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
+# One condition of a worker pod's status: its readiness gate (ftjob.dev/in-quorum), which the job's budget counts.
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
+# One PodDisruptionBudget per job over its worker pods (a drain evicts none in the quorum); patched when it scales.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create", "patch"]
 # Headless Services for the lighthouse and each group.
 - apiGroups: [""]
   resources: ["services"]
