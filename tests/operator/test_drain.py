@@ -46,7 +46,8 @@ def place(kube: Any, namespace: str, node: str, survivor: str, records: Any) -> 
         "nodeSelector": {HOSTNAME_LABEL: survivor},
         "tolerations": [CORDON_TAINT],
     }
-    manifest = training_job(JOB, STEPS, records, replicas=2, minReplicas=MIN_REPLICAS, lighthouse=lighthouse)
+    manifest = training_job(JOB, STEPS, records, replicas=2, minReplicas=MIN_REPLICAS)
+    manifest["spec"]["lighthouse"].update(lighthouse)
     set_unschedulable(kube.core, survivor, True)
     create_job(kube.custom, namespace, manifest)
     wait_for(lambda: running(2), 240, f"groups 0 and 1 running on {node}")
