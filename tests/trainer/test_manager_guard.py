@@ -115,31 +115,6 @@ def test_with_the_sketch_check_a_misreported_norm_names_the_group(tmp_path: Path
     assert_reported(lh, "norm_mismatch")
 
 
-def test_with_the_sketch_check_healthy_groups_are_never_refused(tmp_path: Path, procs: list, clean_digest: str):
-    """Three healthy groups, every step checked: no refusal, and the same parameters as without the check."""
-    _, workers, done = run_job(tmp_path, procs, None, SKETCH_ON, groups="012")
-    for w, d in zip(workers, done, strict=True):
-        refused = [e for e in w.events("step") if not e["committed"]]
-        assert refused == [] and d["metrics"]["failed_commits"] == 0, (w.group, refused)
-    assert len({d["digest"] for d in done}) == 1
-
-
-def start_hsdp_group(procs: list, tmp_path: Path, url: str, group: str, env: dict[str, str]) -> list[Worker]:
-    port = str(free_port())
-    args = ("--world-size", "2", "--master-port", port, *WORKER_ARGS)
-    ranks = [Worker(tmp_path, url, group, "--rank", str(r), *args, env=env) for r in (0, 1)]
-    procs.extend(ranks)
-    return ranks
-
-
-@pytest.mark.parametrize(
-    ("kind", "seen", "env"),
-    [
-        ("nan", "gradient not finite", SKETCH_OFF),
-        ("scale,factor=1000", "gradient norm ", SKETCH_OFF),
-        ("misreport,factor=1000", "reports sending a gradient of norm ", SKETCH_ON),
-    ],
-)
 def test_hsdp_groups_judge_whole_gradients_and_refuse_alike(
     tmp_path: Path, procs: list, kind: str, seen: str, env: dict[str, str]
 ):
