@@ -115,6 +115,22 @@ def test_with_the_sketch_check_a_misreported_norm_names_the_group(tmp_path: Path
     assert_reported(lh, "norm_mismatch")
 
 
+def start_hsdp_group(procs: list, tmp_path: Path, url: str, group: str, env: dict[str, str]) -> list[Worker]:
+    port = str(free_port())
+    args = ("--world-size", "2", "--master-port", port, *WORKER_ARGS)
+    ranks = [Worker(tmp_path, url, group, "--rank", str(r), *args, env=env) for r in (0, 1)]
+    procs.extend(ranks)
+    return ranks
+
+
+@pytest.mark.parametrize(
+    ("kind", "seen", "env"),
+    [
+        ("nan", "gradient not finite", SKETCH_OFF),
+        ("scale,factor=1000", "gradient norm ", SKETCH_OFF),
+        ("misreport,factor=1000", "reports sending a gradient of norm ", SKETCH_ON),
+    ],
+)
 def test_hsdp_groups_judge_whole_gradients_and_refuse_alike(
     tmp_path: Path, procs: list, kind: str, seen: str, env: dict[str, str]
 ):
