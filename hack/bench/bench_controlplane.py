@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumRequest
-from ftjob.ft.watch_link import link_timing
+from ftjob.ft.links.watch_link import link_timing
 from ws_lite import LiteSocket
 
 TOKEN = "bench-token"
@@ -327,7 +327,7 @@ def main() -> int:
     p.add_argument("--quorum-over", choices=("http", "ws"), default="ws")
     p.add_argument("--hb-interval", type=float, default=0.1, help="heartbeat interval unless the lighthouse says")
     p.add_argument("--link-ping", type=float, default=-1.0, help="ws ping period (default: the client's, "
-                   "ftjob.ft.watch_link.link_timing of the pushed heartbeat period; 0: none)")  # fmt: skip
+                   "ftjob.ft.links.watch_link.link_timing of the pushed heartbeat period; 0: none)")  # fmt: skip
     p.add_argument("--quiet-s", type=float, default=5.0, help="window to measure the heartbeat rate held")
     p.add_argument("--lighthouse-cpu", type=int, default=0)
     p.add_argument("--profile", help="run the lighthouse under cProfile, stats to this file")

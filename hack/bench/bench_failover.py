@@ -325,7 +325,7 @@ def bench_recovery_throughput(state_mb: int, rounds: int = 5) -> None:
     import torch
     from ftjob.contract import pki
     from ftjob.contract.tls import TlsConfig, worker_server_name
-    from ftjob.ft.recovery import RecoveryServer, fetch_state
+    from ftjob.ft.recovery.transport import RecoveryServer, fetch_state
 
     n = state_mb * 1024 * 1024 // 4
     state = {"model": {"w": torch.randn(n // 2)}, "optim": {"m": torch.randn(n - n // 2)}}

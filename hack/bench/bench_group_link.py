@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The abort latency the group link adds for ranks > 0 (a benchmark, not a test): rank 0's end of the link
-(ftjob.ft.group_link.LinkServer) in this process, each other rank's end (LinkClient) in its own process, on loopback.
+(ftjob.ft.links.group_link.LinkServer) in this process, each other rank's end (LinkClient) in its own process, on
+loopback.
 
 Relay latency = from rank 0's lighthouse client thread forwarding an abort (LinkServer.forward, called the moment the
 watch socket delivers it) to the rank's on_abort callback (which wakes its pending collective), both read from
@@ -18,13 +19,13 @@ import subprocess
 import sys
 import time
 
-from ftjob.ft.group_link import LinkServer
+from ftjob.ft.links.group_link import LinkServer
 
 TOKEN = "bench-token"
 
 CHILD = """
 import json, sys, threading, time
-from ftjob.ft.group_link import LinkClient
+from ftjob.ft.links.group_link import LinkClient
 address, rank, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 seen, done = {}, threading.Event()
 def on_abort(below):

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "trainer"))
 
 from ftjob import contract  # noqa: E402
-from ftjob.lighthouse.quorum import QuorumCore  # noqa: E402
+from ftjob.lighthouse.core.quorum import QuorumCore  # noqa: E402
 from test_manager_worker import Lighthouse  # noqa: E402
 
 

@@ -12,15 +12,15 @@ round checks that ours' groups end with equal parameters, and where DDP ends (to
 torchft's groups end equal; with torchft it prints torchft's distance from DDP next to ours: what rounding alone does
 in the same run.
 
-``--metrics`` says whether ours records its Prometheus metrics (ftjob.ft.metrics; ``on``, as shipped) or not (``off``:
-FTJOB_METRICS_DISABLED=1); ``both`` runs ours both ways in every round (on, off, DDP, ...) and prints the ratio of
-medians on ÷ off: the metrics hooks' cost on the step time (no scrapes: each rank's server idles unless scraped).
-``--guard`` does the same for the gradient guard (ftjob.ft.guard; ``on`` as shipped, ``off``: FTJOB_GRADIENT_GUARD=0):
-``both`` runs ours both ways in every round and prints the guard's cost on ÷ off, and also runs ours with the guard's
-sketch check (FTJOB_GUARD_SKETCH) the other way than ``--sketch`` sets it for ours (default: as shipped, off), and
-prints that check's cost, sketch on ÷ off, beside it. Every run also times one state digest
-(ftjob.ft.integrity: the model's parameters and AdamW state, sha256) of the same model in this process, and prints it
-as a share of the step time at the default interval (every 100 committed steps).
+``--metrics`` says whether ours records its Prometheus metrics (ftjob.ft.rank_metrics; ``on``, as shipped) or not
+(``off``: FTJOB_METRICS_DISABLED=1); ``both`` runs ours both ways in every round (on, off, DDP, ...) and prints the
+ratio of medians on ÷ off: the metrics hooks' cost on the step time (no scrapes: each rank's server idles unless
+scraped). ``--guard`` does the same for the gradient guard (ftjob.ft.integrity.guard; ``on`` as shipped, ``off``:
+FTJOB_GRADIENT_GUARD=0): ``both`` runs ours both ways in every round and prints the guard's cost on ÷ off, and also runs
+ours with the guard's sketch check (FTJOB_GUARD_SKETCH) the other way than ``--sketch`` sets it for ours (default: as
+shipped, off), and prints that check's cost, sketch on ÷ off, beside it. Every run also times one state digest
+(ftjob.ft.integrity.duties: the model's parameters and AdamW state, sha256) of the same model in this process, and
+prints it as a share of the step time at the default interval (every 100 committed steps).
 
 For every side and round it prints the median time of each step phase and the CPU per step of a rank: the whole
 process and each thread by name (MainThread trains; ours' lighthouse-client-* thread sends the heartbeats and quorum
@@ -49,9 +49,9 @@ from pathlib import Path
 
 from ddp_baseline import run_ddp
 from ftjob import cli, contract
-from ftjob.ft.digest import local_digest, replica_tensors
-from ftjob.ft.guard import DEFAULT_SKETCH
-from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY
+from ftjob.ft.integrity.digest import local_digest, replica_tensors
+from ftjob.ft.integrity.duties import DEFAULT_DIGEST_EVERY
+from ftjob.ft.integrity.guard import DEFAULT_SKETCH
 from ftjob.ft.records import CommitRecord, read_run_dir
 from ftjob.gpt.config import TrainConfig
 

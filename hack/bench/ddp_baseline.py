@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from ftjob.ft.digest import digest_of, full_params
+from ftjob.ft.integrity.digest import digest_of, full_params
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.data import Corpus, SampleSource, shard_range
 from ftjob.gpt.model import build_model

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 from ddp_baseline import add_config_flags, config_argv, config_from_flags
-from ftjob.ft.digest import digest_of, full_params
+from ftjob.ft.integrity.digest import digest_of, full_params
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.data import Corpus, SampleSource, shard_range
 from ftjob.gpt.model import build_model

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlencode
 
-from ftjob.lighthouse.frames import OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, unmask
+from ftjob.lighthouse.api.frames import OP_CLOSE, OP_PING, OP_PONG, OP_TEXT, unmask
 
 _U16 = struct.Struct("!H")
 _U64 = struct.Struct("!Q")

@@ -30,7 +30,7 @@ from ftjob import contract
 from ftjob.contract import pki
 from ftjob.contract.lighthouse_api import StatusResponse
 from ftjob.contract.tls import NamedHTTPSConnection, client_context
-from ftjob.operator import names
+from ftjob.operator.state import names
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ftjob-operator"

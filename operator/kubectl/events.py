@@ -10,8 +10,8 @@ from typing import Any
 
 from ftjob import contract
 
-# Reasons the operator posts (operator/plan.py, worker.py, migration.py, stuck.py, status.py). A Warning of any other
-# reason counts as a failure too; these only colour the Normal ones and name the recoveries.
+# Reasons the operator posts (operator/planning/plan.py, worker.py, migration.py, stuck.py, status.py). A Warning of any
+# other reason counts as a failure too; these only colour the Normal ones and name the recoveries.
 FAILURE_REASONS = frozenset(
     {
         "GroupRestart",

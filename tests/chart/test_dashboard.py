@@ -66,10 +66,10 @@ def family_samples(name: str, kind: str) -> set[str]:
 @cache
 def exported_metrics() -> frozenset[str]:
     """Every sample name the operator, the lighthouse and the trainer library export, from their registries."""
-    import ftjob.operator.metrics  # noqa: F401  (registers the operator's metrics in the global registry)
+    import ftjob.operator.runtime.operator_metrics  # noqa: F401  (registers the operator's metrics in the global registry)
     import prometheus_client
-    from ftjob.ft.metrics import TrainerMetrics
-    from ftjob.lighthouse.metrics import LighthouseMetrics
+    from ftjob.ft.rank_metrics import TrainerMetrics
+    from ftjob.lighthouse.server_metrics import LighthouseMetrics
 
     names: set[str] = set()
     for registry in (prometheus_client.REGISTRY, LighthouseMetrics().registry, TrainerMetrics().registry):

@@ -18,7 +18,7 @@ from ftjob import contract
 from ftjob.contract import pki
 from ftjob.contract.lighthouse_api import DroppedEvent, StatusResponse
 from ftjob.contract.tls import NamedHTTPSConnection, client_context
-from ftjob.operator import names
+from ftjob.operator.state import names
 from helpers import REPO, TRAINER_IMAGE, container_pids, free_port, wait_for
 from kubernetes import client
 

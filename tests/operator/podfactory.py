@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ftjob import contract
-from ftjob.operator import names
-from ftjob.operator.model import JobSpec, PodView
+from ftjob.operator.state import names
+from ftjob.operator.state.job_spec import JobSpec
+from ftjob.operator.state.job_state import PodView
 
 JOB = "demo"
 

@@ -7,12 +7,13 @@ import json
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, RestoredEvent, StatusResponse
-from ftjob.operator import builders
-from ftjob.operator.lighthouse_view import LighthouseView
-from ftjob.operator.model import GroupState, JobSpec, PodView
-from ftjob.operator.plan import Observed, plan
-from ftjob.operator.settings import parse
-from ftjob.operator.status import build_status, state_from_status, status_events
+from ftjob.operator.lighthouse.view import LighthouseView
+from ftjob.operator.planning.plan import Observed, plan
+from ftjob.operator.resources import manifests as builders
+from ftjob.operator.runtime.settings import parse
+from ftjob.operator.state.job_spec import JobSpec
+from ftjob.operator.state.job_state import GroupState, PodView
+from ftjob.operator.state.status import build_status, state_from_status, status_events
 from podfactory import JOB, healthy_job, spec, worker
 
 NOW = 2_000_000.0

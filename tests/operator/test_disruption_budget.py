@@ -9,12 +9,14 @@ import dataclasses
 
 from ftjob import contract
 from ftjob.contract.lighthouse_api import MemberStatus
-from ftjob.operator import builders, names, readiness
-from ftjob.operator.lighthouse_view import LighthouseView
-from ftjob.operator.migration import REASON_NODE_DEGRADED
-from ftjob.operator.model import GroupState, JobState, PodView
-from ftjob.operator.plan import Observed, Result, plan
-from ftjob.operator.worker import JobWorker
+from ftjob.operator.lighthouse.view import LighthouseView
+from ftjob.operator.planning.migration import REASON_NODE_DEGRADED
+from ftjob.operator.planning.plan import Observed, Result, plan
+from ftjob.operator.reconcile import readiness
+from ftjob.operator.reconcile.job_reconciler import JobWorker
+from ftjob.operator.resources import manifests as builders
+from ftjob.operator.state import names
+from ftjob.operator.state.job_state import GroupState, JobState, PodView
 from kubernetes.client.rest import ApiException
 from podfactory import JOB, healthy_job, spec, worker
 

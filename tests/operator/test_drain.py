@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from ftjob import contract
-from ftjob.operator import names
-from ftjob.operator.builders import HOSTNAME_LABEL
+from ftjob.operator.resources.manifests import HOSTNAME_LABEL
+from ftjob.operator.state import names
 from helpers import kubectl, wait_for
 from kubernetes import client
 from opkit import condition, create_job, get_job, lighthouse_status, patch_job, running_groups, set_unschedulable

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from ftjob.operator import goodput as G
-from ftjob.operator import metrics, progress
-from ftjob.operator.lighthouse_view import LighthouseView
+from ftjob.operator.lighthouse.view import LighthouseView
+from ftjob.operator.planning import goodput as G
+from ftjob.operator.reconcile import progress
+from ftjob.operator.runtime import operator_metrics as metrics
 from prometheus_client import REGISTRY
 
 C, S, H, F = G.CONTRIBUTING, G.SPARE, G.HEALING, G.FAILED
@@ -125,8 +126,9 @@ def test_history_is_bounded_and_thinned_keeping_first_and_last():
 
 
 def test_build_status_carries_goodput_and_history():
-    from ftjob.operator.model import JobSpec, JobState
-    from ftjob.operator.status import build_status
+    from ftjob.operator.state.job_spec import JobSpec
+    from ftjob.operator.state.job_state import JobState
+    from ftjob.operator.state.status import build_status
 
     spec = JobSpec.from_dict({"replicas": 1, "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}})
     kw = dict(job="j", spec=spec, state=JobState(), phases={}, pods=[], lighthouse=None, generation=1, now=T0)
@@ -151,7 +153,8 @@ def test_metrics_are_set_and_removed():
 
 def test_below_minimum_means_a_group_is_held_back_not_the_lighthouse_idling_between_quorums():
     from ftjob.contract.lighthouse_api import MemberStatus
-    from ftjob.operator.model import JobSpec, JobState
+    from ftjob.operator.state.job_spec import JobSpec
+    from ftjob.operator.state.job_state import JobState
 
     spec = JobSpec.from_dict({"replicas": 2, "minReplicas": 2,
                               "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}}})  # fmt: skip

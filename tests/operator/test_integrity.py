@@ -10,14 +10,16 @@ import dataclasses
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AuditRecord, DroppedEvent, IntegrityStatus, QuorumEvent, StatusResponse
-from ftjob.operator import builders, names
-from ftjob.operator.audit import AuditMark, AuditMirror, event_name, unmirrored
-from ftjob.operator.integrity import Drop, integrity_drops, integrity_reason, status_integrity
 from ftjob.operator.kubectl.status_view import header
-from ftjob.operator.lighthouse_view import LighthouseView
-from ftjob.operator.model import GroupState, JobSpec, JobState
-from ftjob.operator.plan import Observed, Result, plan
-from ftjob.operator.status import build_status, state_from_status
+from ftjob.operator.lighthouse.audit_mirror import AuditMark, AuditMirror, event_name, unmirrored
+from ftjob.operator.lighthouse.view import LighthouseView
+from ftjob.operator.planning.integrity_evictions import Drop, integrity_drops, integrity_reason, status_integrity
+from ftjob.operator.planning.plan import Observed, Result, plan
+from ftjob.operator.resources import manifests as builders
+from ftjob.operator.state import names
+from ftjob.operator.state.job_spec import JobSpec
+from ftjob.operator.state.job_state import GroupState, JobState
+from ftjob.operator.state.status import build_status, state_from_status
 from podfactory import JOB, healthy_job, spec, worker
 
 NOW = 3_000_000.0

@@ -1,4 +1,4 @@
-"""The job worker's side of its lighthouse (operator/job_lighthouse.py), no cluster: what it announces, when it
+"""The job worker's side of its lighthouse (operator/lighthouse/link.py), no cluster: what it announces, when it
 retries, and the Event an eviction leaves -- through JobWorker, whose reconcile calls it."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from ftjob.operator.lighthouse_client import endpoint
-from ftjob.operator.model import JobState
-from ftjob.operator.plan import Observed, Result, plan
-from ftjob.operator.worker import JobWorker
+from ftjob.operator.lighthouse.client import endpoint
+from ftjob.operator.planning.plan import Observed, Result, plan
+from ftjob.operator.reconcile.job_reconciler import JobWorker
+from ftjob.operator.state.job_state import JobState
 from podfactory import JOB, spec
 
 BASE = endpoint("10.0.0.9")

@@ -8,10 +8,11 @@ import dataclasses
 from typing import Any
 
 import pytest
-from ftjob.operator import builders
-from ftjob.operator.model import JobSpec, PodView
-from ftjob.operator.status import REASON_LIGHTHOUSE_NOT_RUNNING, build_status
-from ftjob.operator.stuck import LIGHTHOUSE
+from ftjob.operator.planning.stuck import LIGHTHOUSE
+from ftjob.operator.resources import manifests as builders
+from ftjob.operator.state.job_spec import JobSpec
+from ftjob.operator.state.job_state import PodView
+from ftjob.operator.state.status import REASON_LIGHTHOUSE_NOT_RUNNING, build_status
 from podfactory import JOB, healthy_job, lighthouse, spec
 from test_plan import NOW, run, steady
 

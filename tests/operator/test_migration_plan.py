@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ftjob.operator import names
-from ftjob.operator.migration import REASON_NODE_DEGRADED
-from ftjob.operator.model import OUTCOME_FAILED, JobState
-from ftjob.operator.node_health import NodeFailureTracker, NodeHealthPolicy, NodeView
-from ftjob.operator.plan import PHASE_RUNNING, Observed, Result, plan
+from ftjob.operator.planning.migration import REASON_NODE_DEGRADED
+from ftjob.operator.planning.node_health import NodeFailureTracker, NodeHealthPolicy, NodeView
+from ftjob.operator.planning.plan import PHASE_RUNNING, Observed, Result, plan
+from ftjob.operator.state import names
+from ftjob.operator.state.job_state import OUTCOME_FAILED, JobState
 from podfactory import JOB, healthy_job, lighthouse, spec, worker
 
 NOW = 1_000_000.0

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ftjob.operator import names
-from ftjob.operator.model import OUTCOME_FAILED, OUTCOME_SUCCEEDED, JobState
-from ftjob.operator.plan import (
+from ftjob.operator.planning.plan import (
     COMPLETION_GRACE_S,
     PHASE_BACKING_OFF,
     PHASE_RUNNING,
@@ -15,6 +13,8 @@ from ftjob.operator.plan import (
     Result,
     plan,
 )
+from ftjob.operator.state import names
+from ftjob.operator.state.job_state import OUTCOME_FAILED, OUTCOME_SUCCEEDED, JobState
 from podfactory import JOB, healthy_job, lighthouse, spec, worker
 
 NOW = 1_000_000.0

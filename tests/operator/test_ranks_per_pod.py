@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import yaml
 from ftjob import contract
-from ftjob.operator import builders
 from ftjob.operator.kubectl import status_view
-from ftjob.operator.model import GroupState, JobSpec
+from ftjob.operator.resources import manifests as builders
+from ftjob.operator.state.job_spec import JobSpec
+from ftjob.operator.state.job_state import GroupState
 from helpers import REPO
 from podfactory import JOB, spec
 

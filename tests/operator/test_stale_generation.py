@@ -17,14 +17,16 @@ from typing import Any
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import DroppedEvent, MemberStatus, StatusResponse
-from ftjob.operator import builders, names
-from ftjob.operator.actions import Actions, Result
-from ftjob.operator.integrity import integrity_drops
-from ftjob.operator.job_lighthouse import declared_generations
-from ftjob.operator.lighthouse_view import SILENCE_MIN_S, LighthouseView, SilenceWatch
-from ftjob.operator.model import JobSpec, JobState, PodView
-from ftjob.operator.plan import PHASE_RUNNING, Observed, plan
-from ftjob.operator.worker import JobWorker
+from ftjob.operator.lighthouse.link import declared_generations
+from ftjob.operator.lighthouse.view import SILENCE_MIN_S, LighthouseView, SilenceWatch
+from ftjob.operator.planning.actions import Actions, Result
+from ftjob.operator.planning.integrity_evictions import integrity_drops
+from ftjob.operator.planning.plan import PHASE_RUNNING, Observed, plan
+from ftjob.operator.reconcile.job_reconciler import JobWorker
+from ftjob.operator.resources import manifests as builders
+from ftjob.operator.state import names
+from ftjob.operator.state.job_spec import JobSpec
+from ftjob.operator.state.job_state import JobState, PodView
 from podfactory import JOB, healthy_job, lighthouse, spec, worker
 from test_job_lighthouse import BASE, FakeLighthouse, first_reconcile, job_worker
 

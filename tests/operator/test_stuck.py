@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ftjob.contract.lighthouse_api import MemberStatus, StatusResponse
-from ftjob.operator.lighthouse_view import LighthouseView
-from ftjob.operator.model import PodView
-from ftjob.operator.status import build_status
-from ftjob.operator.stuck import group_blocker, job_blocker
+from ftjob.operator.lighthouse.view import LighthouseView
+from ftjob.operator.planning.stuck import group_blocker, job_blocker
+from ftjob.operator.state.job_state import PodView
+from ftjob.operator.state.status import build_status
 from podfactory import JOB, healthy_job, spec, worker
 from test_plan import NOW, run, steady
 

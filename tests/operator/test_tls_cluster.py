@@ -16,7 +16,7 @@ from cryptography import x509
 from ftjob import contract
 from ftjob.contract import pki
 from ftjob.contract.tls import NamedHTTPSConnection, client_context
-from ftjob.operator import names
+from ftjob.operator.state import names
 from helpers import wait_for
 from kubernetes import client
 from opkit import condition, create_job, get_job, job_manifest, lighthouse_pod, lighthouse_status, patch_job

@@ -19,9 +19,10 @@ from cryptography import x509
 from ftjob import contract
 from ftjob.contract import pki
 from ftjob.contract.tls import client_context
-from ftjob.operator import builders, names
-from ftjob.operator.lighthouse_client import LighthouseClient, LighthouseEndpoint, endpoint
-from ftjob.operator.model import GroupState
+from ftjob.operator.lighthouse.client import LighthouseClient, LighthouseEndpoint, endpoint
+from ftjob.operator.resources import manifests as builders
+from ftjob.operator.state import names
+from ftjob.operator.state.job_state import GroupState
 from podfactory import JOB, spec
 
 TOKEN = "operator-tls-token"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 from ftjob.ft import checkpoint
-from ftjob.ft.digest import model_digest as param_digest
+from ftjob.ft.integrity.digest import model_digest as param_digest
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.train import Trainer, forward_backward
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from ftjob.ft.sharding import SampleOrder, even_share, step_shard
+from ftjob.ft.wrappers.sharding import SampleOrder, even_share, step_shard
 
 
 def positions(cursor: int, batch: int, n: int, ranks: int, k: int) -> list[int]:

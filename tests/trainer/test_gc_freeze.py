@@ -26,7 +26,7 @@ PROBE = textwrap.dedent("""
     early_ref = weakref.ref(early)
     import ftjob.ft
     after_package = gc.get_freeze_count()
-    from ftjob.ft.manager import Manager
+    from ftjob.ft.step.manager import Manager
     after_manager = gc.get_freeze_count()
     late = Node()
     late.me = late  # a cycle the training script makes afterwards

@@ -4,7 +4,7 @@ the 'collective' here records what it was handed)."""
 from __future__ import annotations
 
 import torch
-from ftjob.ft.grad_buckets import FIRST_BUCKET_BYTES, BackwardLauncher, plan_buckets, unflatten_into
+from ftjob.ft.allreduce.grad_buckets import FIRST_BUCKET_BYTES, BackwardLauncher, plan_buckets, unflatten_into
 
 
 def test_layout_is_reverse_order_split_by_size_and_dtype_with_a_small_first_bucket() -> None:

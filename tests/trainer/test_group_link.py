@@ -1,4 +1,4 @@
-"""One lighthouse connection per replica group (ftjob.ft.group_link, ftjob.ft.control_plane).
+"""One lighthouse connection per replica group (ftjob.ft.links.group_link, ftjob.ft.links.control_plane).
 
 In-process: the link forwards rank 0's aborts, folds the ranks' progress, refuses a wrong token, and tells a dropped
 rank from a clean goodbye. End to end (2 groups x 2 ranks, real lighthouse): only rank 0 of a group holds a
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import DroppedEvent
-from ftjob.ft.control_plane import ControlPlane
-from ftjob.ft.group_link import LinkClient, LinkServer
-from ftjob.ft.manager import ManagerConfig
+from ftjob.ft.links.control_plane import ControlPlane
+from ftjob.ft.links.group_link import LinkClient, LinkServer
+from ftjob.ft.step.manager import ManagerConfig
 from helpers import wait_for
 from test_manager_hsdp import TIMEOUT, start_group
 from test_manager_worker import Lighthouse, Worker

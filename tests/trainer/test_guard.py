@@ -1,5 +1,6 @@
-"""The gradient guard's pure parts: the verdict rule (ftjob.ft.guard), its configuration from the env contract, the
-fault-injection spec (ftjob.ft.fault_injection) and the digest of what replicas must hold equal."""
+"""The gradient guard's pure parts: the verdict rule (ftjob.ft.integrity.guard), its configuration from the env
+contract, the fault-injection spec (ftjob.ft.integrity.fault_injection) and the digest of what replicas must hold
+equal."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 from ftjob import contract
 from ftjob.contract.lighthouse_api import GuardOffence
-from ftjob.ft.digest import local_digest, replica_tensors
-from ftjob.ft.fault_injection import FaultInjection, flip_lowest_bit
-from ftjob.ft.guard import GuardConfig, contributions, describe, judge, whole_groups
+from ftjob.ft.integrity.digest import local_digest, replica_tensors
+from ftjob.ft.integrity.fault_injection import FaultInjection, flip_lowest_bit
+from ftjob.ft.integrity.guard import GuardConfig, contributions, describe, judge, whole_groups
 
 NAN, INF = float("nan"), float("inf")
 

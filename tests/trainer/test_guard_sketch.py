@@ -1,6 +1,6 @@
-"""The gradient guard's sketch check, pure parts: the count-sketch projection (ftjob.ft.sketch) and the verdict on
-the groups' gathered rows (ftjob.ft.guard.judge_sketches), with the contributions, their float32 sum and every
-group's row built here as ftjob.ft.grad_sync builds them."""
+"""The gradient guard's sketch check, pure parts: the count-sketch projection (ftjob.ft.integrity.sketch) and the
+verdict on the groups' gathered rows (ftjob.ft.integrity.guard.judge_sketches), with the contributions, their float32
+sum and every group's row built here as ftjob.ft.allreduce.grad_sync builds them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 from ftjob import contract
-from ftjob.ft import sketch
-from ftjob.ft.fault_injection import FaultInjection
-from ftjob.ft.guard import (
+from ftjob.ft.integrity import sketch
+from ftjob.ft.integrity.fault_injection import FaultInjection
+from ftjob.ft.integrity.guard import (
     BLIND_RATIO,
     FLOAT32_ROUNDOFF,
     SKETCH_COLUMNS,

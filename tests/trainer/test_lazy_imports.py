@@ -1,4 +1,4 @@
-"""A restarted group's startup imports only what it needs before it rejoins (issue 11: rejoin time): ``ftjob.ft``
+"""A restarted group's startup imports only what it needs before it rejoins (its rejoin time): ``ftjob.ft``
 loads its public names on first use, so the Manager path does not pull in the wrappers, data loading or durable
 checkpointing modules."""
 
@@ -11,7 +11,16 @@ import sys
 import ftjob.ft as ft
 
 # Modules the Manager's path (tests/trainer/test_manager_worker.py, hack/bench/bench_failover.py) never needs.
-NOT_ON_THE_MANAGER_PATH = {"data", "ddp", "optim", "session", "setup", "sharding", "job_checkpoint", "checkpoint"}
+NOT_ON_THE_MANAGER_PATH = {
+    "wrappers.data",
+    "wrappers.ddp",
+    "wrappers.optim",
+    "wrappers.sharding",
+    "step.session",
+    "setup",
+    "recovery.job_checkpoint",
+    "checkpoint",
+}
 
 
 def loaded_after(statement: str) -> set[str]:
@@ -21,8 +30,10 @@ def loaded_after(statement: str) -> set[str]:
 
 
 def test_manager_path_skips_the_wrappers() -> None:
-    loaded = loaded_after("from ftjob.ft.manager import Manager\nfrom ftjob.ft.digest import local_digest")
-    assert "manager" in loaded
+    loaded = loaded_after(
+        "from ftjob.ft.step.manager import Manager\nfrom ftjob.ft.integrity.digest import local_digest"
+    )
+    assert "step.manager" in loaded
     assert not loaded & NOT_ON_THE_MANAGER_PATH, sorted(loaded & NOT_ON_THE_MANAGER_PATH)
 
 

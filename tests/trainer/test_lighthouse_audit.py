@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AuditRecord
-from ftjob.lighthouse.audit import AUDIT_LOGGER, FOLD_WINDOW_S, RING_LEN, AuditTrail, configure_audit_logging
+from ftjob.lighthouse.audit_trail import AUDIT_LOGGER, FOLD_WINDOW_S, RING_LEN, AuditTrail, configure_audit_logging
 from prometheus_client import CollectorRegistry, Counter
 from test_lighthouse_api import quorum_body
 from test_manager_worker import Lighthouse
@@ -254,7 +254,7 @@ def test_a_flood_of_refused_requests_is_folded_in_the_log_and_the_status(tmp_pat
 
 
 def test_beyond_max_folds_new_peers_share_one_fold(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    monkeypatch.setattr("ftjob.lighthouse.audit.MAX_FOLDS", 2)
+    monkeypatch.setattr("ftjob.lighthouse.audit_trail.MAX_FOLDS", 2)
     trail = AuditTrail(str(tmp_path / "audit.jsonl"))
     for i in range(10):  # ten peers at once: two folds of their own, the rest share one
         trail.refused(0.1 * i, f"10.0.0.{i}", "refused 401", f"client from 10.0.0.{i}", "bad token")

@@ -1,5 +1,5 @@
-"""Two tokens, two roles (ftjob.lighthouse.auth), on a real lighthouse process on loopback: the job's worker token --
-every worker pod holds it -- changes nothing of the job's membership and speaks only for the group ids the operator
+"""Two tokens, two roles (ftjob.lighthouse.api.auth), on a real lighthouse process on loopback: the job's worker token
+-- every worker pod holds it -- changes nothing of the job's membership and speaks only for the group ids the operator
 declared; the operator's token does the membership API and none of a group's calls; either reads the status and the
 metrics. Every refusal is a 403 (the contract's JSON), changes nothing, and is audited with who sent it."""
 

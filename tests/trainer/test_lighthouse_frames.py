@@ -1,4 +1,4 @@
-"""The watch socket's lean frame reader (ftjob.lighthouse.frames): every frame a client may send, split anywhere,
+"""The watch socket's lean frame reader (ftjob.lighthouse.api.frames): every frame a client may send, split anywhere,
 and every frame it must not send (refused with the RFC 6455 close code, the lighthouse unharmed); then the same on a
 real lighthouse socket."""
 
@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AbortSignal, WatchQuorumAnswer
-from ftjob.lighthouse.frames import FrameReader, unmask
+from ftjob.lighthouse.api.frames import FrameReader, unmask
 from test_manager_worker import TOKEN, Lighthouse
 
 

@@ -19,11 +19,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AuditRecord, DesiredRequest, StatusResponse
-from ftjob.ft.lighthouse_client import LighthouseClient
+from ftjob.ft.links.lighthouse_client import LighthouseClient
+from ftjob.lighthouse.api.server import LighthouseServer
 from ftjob.lighthouse.cli import build_server, parse_args
-from ftjob.lighthouse.quorum import Outdated, QuorumCore
-from ftjob.lighthouse.server import LighthouseServer
-from ftjob.lighthouse.stall import MIN_INTERVALS, StallRule
+from ftjob.lighthouse.core.quorum import Outdated, QuorumCore
+from ftjob.lighthouse.core.stall import MIN_INTERVALS, StallRule
 from helpers import wait_for
 from pydantic import ValidationError
 from test_lighthouse_quorum import ask

@@ -1,5 +1,5 @@
 """Unit tests of the lighthouse's integrity checks (pure logic, explicit clock): the guard verdict tally and the state
-digest comparison (ftjob.lighthouse.integrity)."""
+digest comparison (ftjob.lighthouse.core.integrity_checks)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from ftjob.contract.lighthouse_api import QuorumRequest
-from ftjob.lighthouse.integrity import IntegrityChecks
-from ftjob.lighthouse.quorum import QuorumError
+from ftjob.lighthouse.core.integrity_checks import IntegrityChecks
+from ftjob.lighthouse.core.quorum import QuorumError
 
 
 class Members:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from ftjob.contract.lighthouse_api import QuorumRequest
-from ftjob.lighthouse.quorum import QuorumCore, QuorumError
+from ftjob.lighthouse.core.quorum import QuorumCore, QuorumError
 
 
 def ask(core: QuorumCore, group: str, step: int = 0, now: float = 0.0, inc: str | None = None, **extra: Any) -> None:

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AbortSignal, QuorumRequest, QuorumResponse, WatchQuorumAnswer
-from ftjob.lighthouse.quorum import QuorumCore
-from ftjob.lighthouse.watch import HeartbeatPace
+from ftjob.lighthouse.api.watch import HeartbeatPace
+from ftjob.lighthouse.core.quorum import QuorumCore
 from test_manager_worker import OPERATOR_TOKEN, TOKEN, Lighthouse
 
 
@@ -115,7 +115,7 @@ def quorum_posts(lh: Lighthouse) -> float:
 
 
 def test_the_client_asks_for_its_quorum_on_the_watch_socket_and_hears_an_eviction_there(tmp_path: Path):
-    from ftjob.ft.lighthouse_client import EvictedError, LighthouseClient
+    from ftjob.ft.links.lighthouse_client import EvictedError, LighthouseClient
 
     lh = Lighthouse(tmp_path, "--min-replicas", "1", "--join-timeout", "0.3", "--heartbeat-timeout", "30").start()
     client = LighthouseClient(lh.url, TOKEN, "0", "inc-0").start()

@@ -1,4 +1,4 @@
-"""Unit tests of the progress-based stall rule (ftjob.lighthouse.stall) inside the quorum logic, with an explicit
+"""Unit tests of the progress-based stall rule (ftjob.lighthouse.core.stall) inside the quorum logic, with an explicit
 clock: a member that stops making progress while every other member waits in the step's collective is evicted long
 before the heartbeat timeout; a slow but progressing member, a member asking for a quorum, or a job still learning
 its step time never is."""
@@ -6,8 +6,8 @@ its step time never is."""
 from __future__ import annotations
 
 import pytest
-from ftjob.lighthouse.quorum import QuorumCore
-from ftjob.lighthouse.stall import MIN_INTERVALS, StallRule
+from ftjob.lighthouse.core.quorum import QuorumCore
+from ftjob.lighthouse.core.stall import MIN_INTERVALS, StallRule
 from test_lighthouse_quorum import ask
 
 STEP_S = 0.1

@@ -17,7 +17,7 @@ import pytest
 import torch
 from ftjob import contract
 from ftjob.contract.lighthouse_api import ErrorResponse, StatusResponse
-from ftjob.ft.recovery import RecoveryServer
+from ftjob.ft.recovery.transport import RecoveryServer
 from test_manager_worker import OPERATOR_TOKEN, TOKEN, Lighthouse
 
 RECOVERY_TOKEN = "recovery-token"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from ftjob.ft.manager import Manager
+from ftjob.ft.step.manager import Manager
 from helpers import wait_for
 from test_manager_worker import TOKEN, Lighthouse, Worker
 
@@ -21,9 +21,9 @@ WIDTH = 16  # test_manager_worker's default model: two nn.Linear(16, 16), Adam, 
 
 def torn_healer(tmp_path: Path, procs: list, monkeypatch: Any) -> tuple[Lighthouse, Worker, Manager, Callable]:
     """Group 0 trains ahead; group 1 (here) joins, and its first heal fails after tearing its state."""
-    import ftjob.ft.manager as manager_module
-    from ftjob.ft.manager import ManagerConfig
-    from ftjob.ft.recovery import RecoveryError
+    import ftjob.ft.step.manager as manager_module
+    from ftjob.ft.recovery.transport import RecoveryError
+    from ftjob.ft.step.manager import ManagerConfig
 
     real_fetch, failures = manager_module.fetch_state, [1]
 
@@ -84,7 +84,7 @@ def test_a_torn_state_heals_again_from_the_peer_ahead(tmp_path: Path, procs: lis
 def test_a_torn_state_with_no_peer_ahead_exits_instead_of_training(tmp_path: Path, procs: list, monkeypatch):
     """Group 0 and the lighthouse are lost together; a blank lighthouse on the same address knows no committed step,
     so group 1, torn, would be the job's most advanced group: it must exit (its replacement restores the checkpoint)."""
-    from ftjob.ft.manager_types import StateLostError
+    from ftjob.ft.step.manager_types import StateLostError
 
     lh, ahead, mgr, step = torn_healer(tmp_path, procs, monkeypatch)
     try:

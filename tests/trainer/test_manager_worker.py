@@ -27,9 +27,9 @@ BOOT = time.time()  # interpreter up: what the imports below cost is measured fr
 
 import torch  # noqa: E402
 from ftjob.contract.lighthouse_api import StatusResponse  # noqa: E402
-from ftjob.ft.digest import local_digest as param_digest  # noqa: E402
-from ftjob.ft.digest import replica_tensors  # noqa: E402
-from ftjob.ft.manager import Manager, ManagerConfig, Terminated  # noqa: E402
+from ftjob.ft.integrity.digest import local_digest as param_digest  # noqa: E402
+from ftjob.ft.integrity.digest import replica_tensors  # noqa: E402
+from ftjob.ft.step.manager import Manager, ManagerConfig, Terminated  # noqa: E402
 
 IMPORTED = time.time()
 
@@ -172,7 +172,9 @@ def train(args: argparse.Namespace, mgr: Manager, model: torch.nn.Module, opt: t
 
 
 TOKEN = "test-token"
-OPERATOR_TOKEN = "test-operator-token"  # the lighthouse's membership API takes only this one (ftjob.lighthouse.auth)
+OPERATOR_TOKEN = (
+    "test-operator-token"  # the lighthouse's membership API takes only this one (ftjob.lighthouse.api.auth)
+)
 WORKER = Path(__file__).resolve()
 
 

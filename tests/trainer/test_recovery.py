@@ -10,8 +10,8 @@ import pytest
 import torch
 from ftjob import contract
 from ftjob.contract.recovery_api import RecoveryManifest
-from ftjob.ft.recovery import RecoveryError, RecoveryServer, fetch_state
-from ftjob.ft.recovery_codec import CodecError, chunk_sums, pack, unpack
+from ftjob.ft.recovery.codec import CodecError, chunk_sums, pack, unpack
+from ftjob.ft.recovery.transport import RecoveryError, RecoveryServer, fetch_state
 
 TOKEN = "recovery-token"
 

@@ -1,4 +1,4 @@
-"""The SIGTERM watch (ftjob.ft.termination), in this process: installed only over the default action, never over a
+"""The SIGTERM watch (ftjob.ft.step.termination), in this process: installed only over the default action, never over a
 handler of the script's own, while a Manager claims it; restored after the last claim; without a claim a SIGTERM
 ends the process as it would without ftjob (in a subprocess)."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from ftjob import contract
-from ftjob.ft.termination import SigtermWatch
+from ftjob.ft.step.termination import SigtermWatch
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,7 @@ def test_without_a_claim_a_sigterm_ends_the_process_at_once():
     no Manager to leave a job it ends the process as SIGTERM would have."""
     script = (
         "import os, signal, threading, time\n"
-        "from ftjob.ft.termination import SigtermWatch\n"
+        "from ftjob.ft.step.termination import SigtermWatch\n"
         "w = SigtermWatch()\n"
         "assert w.claim()\n"
         "t = threading.Thread(target=w.release); t.start(); t.join()\n"

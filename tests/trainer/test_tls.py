@@ -18,8 +18,8 @@ from ftjob import contract
 from ftjob.contract import pki
 from ftjob.contract.lighthouse_api import QuorumRequest
 from ftjob.contract.tls import TlsConfig, worker_server_name
-from ftjob.ft.lighthouse_client import LighthouseClient, LighthouseTlsError
-from ftjob.ft.recovery import RecoveryError, RecoveryServer, fetch_state
+from ftjob.ft.links.lighthouse_client import LighthouseClient, LighthouseTlsError
+from ftjob.ft.recovery.transport import RecoveryError, RecoveryServer, fetch_state
 from test_manager_worker import TOKEN, Lighthouse
 from test_recovery import assert_same, sample_state
 

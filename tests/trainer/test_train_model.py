@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ftjob.ft.digest import model_digest as param_digest
+from ftjob.ft.integrity.digest import model_digest as param_digest
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.data import Corpus, SampleSource
 from ftjob.gpt.model import PRESETS, build_model, count_params, preset

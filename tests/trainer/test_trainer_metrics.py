@@ -1,6 +1,6 @@
-"""The trainer's Prometheus metrics (ftjob.ft.metrics): names follow Prometheus conventions in the parsed exposition,
-the values follow the events, every rank serves them over HTTP, the Manager feeds them, and the operator and the
-chart give pods the port and a PodMonitor."""
+"""The trainer's Prometheus metrics (ftjob.ft.rank_metrics): names follow Prometheus conventions in the parsed
+exposition, the values follow the events, every rank serves them over HTTP, the Manager feeds them, and the operator and
+the chart give pods the port and a PodMonitor."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from ftjob import contract
-from ftjob.ft.metrics import FAILURE_REASONS, TrainerMetrics
+from ftjob.ft.rank_metrics import FAILURE_REASONS, TrainerMetrics
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -91,7 +91,7 @@ def test_exposition_follows_prometheus_conventions_and_the_values_follow_the_eve
 
 def test_tokens_per_second_is_a_rate_over_a_window(monkeypatch):
     clock = iter([100.0, 100.5, 101.0, 101.2])
-    monkeypatch.setattr("ftjob.ft.metrics.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("ftjob.ft.rank_metrics.time.monotonic", lambda: next(clock))
     m = TrainerMetrics()
     m.add_tokens(1000)  # starts the window: trained before it
     m.add_tokens(300)  # 0.5 s: too short a window to say
@@ -103,7 +103,7 @@ def test_tokens_per_second_is_a_rate_over_a_window(monkeypatch):
 
 
 def test_the_process_metrics_can_be_switched_off_for_measuring_their_cost(monkeypatch):
-    from ftjob.ft import metrics
+    from ftjob.ft import rank_metrics as metrics
 
     monkeypatch.setattr(metrics, "_default", None)
     monkeypatch.setenv(contract.ENV_METRICS_DISABLED, "1")
@@ -137,7 +137,7 @@ def test_manager_feeds_the_metrics(tmp_path: Path):
     """One group of one rank, in this process, against a real lighthouse: three committed steps, then the lighthouse
     is lost and replaced."""
     import torch
-    from ftjob.ft.manager import Manager, ManagerConfig
+    from ftjob.ft.step.manager import Manager, ManagerConfig
     from helpers import wait_for
     from test_manager_worker import TOKEN, Lighthouse
 
@@ -173,8 +173,9 @@ def test_manager_feeds_the_metrics(tmp_path: Path):
 
 
 def test_operator_gives_worker_containers_the_metrics_port_and_env():
-    from ftjob.operator import builders
-    from ftjob.operator.model import GroupState, JobSpec
+    from ftjob.operator.resources import manifests as builders
+    from ftjob.operator.state.job_spec import JobSpec
+    from ftjob.operator.state.job_state import GroupState
 
     def pod(containers: list[dict]) -> dict:
         s = JobSpec.from_dict({"replicas": 2, "podsPerReplica": 1, "template": {"spec": {"containers": containers}}})

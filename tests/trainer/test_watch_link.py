@@ -1,4 +1,4 @@
-"""The watch socket's link ping follows the heartbeat pace the lighthouse pushes (trainer/ft/watch_link.py): a
+"""The watch socket's link ping follows the heartbeat pace the lighthouse pushes (trainer/ft/links/watch_link.py): a
 lighthouse that paces its many groups slower must not see them drop their sockets on a pong late by a second. And the
 heartbeats themselves: one after every interval the group told the lighthouse nothing (a quorum request counts)."""
 
@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AbortSignal, QuorumRequest, QuorumResponse, WatchQuorum, WatchQuorumAnswer
-from ftjob.ft.lighthouse_client import LighthouseClient
-from ftjob.ft.watch_link import LINK_PING_S, LINK_PONG_S, link_timing
-from ftjob.lighthouse.watch import TIMEOUT_BEATS, HeartbeatPace
+from ftjob.ft.links.lighthouse_client import LighthouseClient
+from ftjob.ft.links.watch_link import LINK_PING_S, LINK_PONG_S, link_timing
+from ftjob.lighthouse.api.watch import TIMEOUT_BEATS, HeartbeatPace
 
 ANSWER = QuorumResponse(quorum_id=1, max_step=0, replica_rank=0, replica_world_size=1, contributing=True,
                         contributor_rank=0, num_contributors=1, heal=False, store_address="127.0.0.1:2",

@@ -11,7 +11,7 @@ It never imports torch: the operator's image has none.
 Lighthouse paths (every one except /healthz needs ``Authorization: Bearer <token>``; bodies in lighthouse_api):
   POST /v1/quorum, /v1/heartbeat, /v1/membership/{evict,starting,desired,handover}; GET /v1/status,
   /v1/watch (WebSocket), /metrics (Prometheus text), /healthz ("ok").
-Two tokens, two roles (ftjob.lighthouse.auth): the job's worker token (FTJOB_TOKEN, in every worker pod) for the
+Two tokens, two roles (ftjob.lighthouse.api.auth): the job's worker token (FTJOB_TOKEN, in every worker pod) for the
 groups' calls (quorum, heartbeat, watch), the operator's token (FTJOB_OPERATOR_TOKEN, in the lighthouse pod only) for
 the membership API; either reads /v1/status and /metrics. The other role's token is refused with 403.
 """
@@ -50,7 +50,9 @@ LIGHTHOUSE_PORT = 29510  # lighthouse HTTP API
 GROUP_MASTER_PORT = 29500  # torch.distributed rendezvous inside one group (MASTER_PORT)
 RECOVERY_PORT = 29520  # per-rank state server a healing peer copies from
 CROSS_GROUP_STORE_PORT = 29530  # TCPStore hosted by a group's rank for the cross-group process group
-TRAINER_METRICS_PORT = 29540  # every worker rank's Prometheus /metrics (ftjob.ft.metrics; container port "metrics")
+TRAINER_METRICS_PORT = (
+    29540  # every worker rank's Prometheus /metrics (ftjob.ft.rank_metrics; container port "metrics")
+)
 # A pod running several ranks (spec.ranksPerPod) gives local rank k the per-rank ports base + k * RANK_PORT_STRIDE
 # (rank_port): the three bases stay apart, and every port of the largest pod stays below Linux's ephemeral range.
 RANK_PORT_STRIDE = 100
@@ -88,14 +90,14 @@ ENV_RUN_DIR = "FTJOB_RUN_DIR"  # where each group's rank 0 appends its run recor
 ENV_RECOVERY_PORT = "FTJOB_RECOVERY_PORT"  # the recovery server's port (pods: RECOVERY_PORT; unset: ephemeral)
 ENV_CROSS_GROUP_STORE_PORT = "FTJOB_STORE_PORT"  # the cross-group TCPStore's port (pods: CROSS_GROUP_STORE_PORT)
 ENV_MIN_STEP_SECONDS = "FTJOB_MIN_STEP_SECONDS"  # pad every step to this long: stands in for a bigger model
-# Integrity (ftjob.ft.guard, ftjob.ft.divergence; spec.integrity in the CRD)
+# Integrity (ftjob.ft.integrity.guard, ftjob.ft.divergence; spec.integrity in the CRD)
 ENV_GUARD = "FTJOB_GRADIENT_GUARD"  # "0": no gradient guard (default on)
 ENV_GUARD_NORM_RATIO = "FTJOB_GUARD_NORM_RATIO"  # a group's grad norm above ratio x the others' median is refused
 # "1": the guard judges norms every group can check against the sum (random-projection sketches; default off)
 ENV_GUARD_SKETCH = "FTJOB_GUARD_SKETCH"
 ENV_DIGEST_EVERY = "FTJOB_DIGEST_EVERY"  # report a state digest every N committed steps (0: never)
 ENV_GENERATION = "FTJOB_GENERATION"  # this group's generation (the pod label): 0 for the first incarnation
-# tests only: "group=1,kind=nan|scale|bitflip|lie|misreport,step=20[,count=3]" (ftjob.ft.fault_injection)
+# tests only: "group=1,kind=nan|scale|bitflip|lie|misreport,step=20[,count=3]" (ftjob.ft.integrity.fault_injection)
 ENV_FAULT_INJECTION = "FTJOB_FAULT_INJECTION"
 # TLS (ftjob.contract.tls): with a CA file set, every lighthouse / recovery connection is TLS, verified against it
 ENV_TLS_CA_FILE = "FTJOB_TLS_CA_FILE"  # the job's CA certificate (PEM): clients verify servers with it
@@ -136,7 +138,8 @@ ENV_STALL_FACTOR = "FTJOB_STALL_FACTOR"
 ENV_STALL_FLOOR_S = "FTJOB_STALL_FLOOR_S"
 ENV_AUDIT_FILE = "FTJOB_AUDIT_FILE"  # optional: the audit trail's JSON lines also go to this file (always to stderr)
 # The operator's own bearer token (its Secret <job>-ftjob-operator-token, never mounted in a worker pod): the only one
-# the membership API accepts, so code running in a worker pod cannot change the job's membership (ftjob.lighthouse.auth)
+# the membership API accepts, so code running in a worker pod cannot change the job's membership
+# (ftjob.lighthouse.api.auth)
 ENV_OPERATOR_TOKEN = "FTJOB_OPERATOR_TOKEN"
 ENV_OPERATOR_TOKEN_FILE = "FTJOB_OPERATOR_TOKEN_FILE"  # alternative: a file holding it
 
@@ -151,7 +154,8 @@ PATH_STATUS = "/v1/status"
 PATH_METRICS = "/metrics"
 PATH_HEALTH = "/healthz"
 PATH_WATCH = "/v1/watch"  # WebSocket: heartbeats up, abort signals down; closing it drops the group
-# Per-rank recovery server (ftjob.ft.recovery): a healing rank i copies model/optimizer state from rank i of a peer
+# Per-rank recovery server (ftjob.ft.recovery.transport): a healing rank i copies model/optimizer state from rank i of a
+# peer
 PATH_RECOVERY = "/v1/recovery"  # GET {PATH_RECOVERY}/{step}/manifest (JSON), {PATH_RECOVERY}/{step}/chunk/{i} (bytes)
 
 # Secret key holding a token, in the job's worker token Secret and in its operator token Secret alike

@@ -16,7 +16,7 @@ A POST body is declared ``Content-Type: application/json`` (else 415) and at mos
   POST /v1/membership/handover             HandoverRequest -> HandoverResponse (the next incarnation replaces, no abort)
   GET  /v1/status               StatusResponse
   GET  /v1/watch?WatchQuery     WebSocket, one per group (its rank 0; the other ranks hear through the group link,
-                                ftjob.ft.group_link): WatchHeartbeat up, AbortSignal (+ heartbeat period) down;
+                                ftjob.ft.links.group_link): WatchHeartbeat up, AbortSignal (+ heartbeat period) down;
                                 rank 0 may long-poll its quorum on it too: WatchQuorum up, WatchQuorumAnswer down
   any refusal                   ErrorResponse with a 4xx/5xx status (every malformed request: 400, 401, 403, 404, 405,
                                 413 or 415, never a dropped connection or a page)
@@ -71,7 +71,7 @@ def describe(error: ValidationError) -> str:
 
 
 # --- integrity: the gradient guard's verdicts and the replicas' state digests ------------------------------------
-GuardKind = Literal["nonfinite", "norm_outlier", "norm_mismatch"]  # ftjob.ft.guard
+GuardKind = Literal["nonfinite", "norm_outlier", "norm_mismatch"]  # ftjob.ft.integrity.guard
 Note = Annotated[str, StringConstraints(max_length=512)]
 
 

@@ -24,13 +24,14 @@ written on it).
 
 SIGTERM (a pod deleted or evicted, e.g. by ``kubectl drain``) needs no code either: the group finishes the step in
 flight, leaves the job at that step boundary and the process exits with 143 (``Terminated``, a SystemExit) -- unless
-the script installed a SIGTERM handler of its own, which is then left alone (ftjob.ft.termination).
+the script installed a SIGTERM handler of its own, which is then left alone (ftjob.ft.step.termination).
 
 Every rank's Prometheus metrics (``ftjob_trainer_*``, served on FTJOB_METRICS_PORT) are fed by the Manager; a loop adds
-its own tokens and phases: ``ft.trainer_metrics().add_tokens(n)``, ``with ft.trainer_metrics().phase("data"): ...``.
+its own tokens and phases: ``ft.trainer_metrics().add_tokens(n)``, ``with ft.trainer_metrics().phase("wrappers.data"):
+...``.
 
 Importing this package costs nothing by itself: each name below loads its module on first use (PEP 562), so a
-process that only needs the Manager (or ``ftjob.ft.digest``) does not pay for the wrappers, data loading and
+process that only needs the Manager (or ``ftjob.ft.integrity.digest``) does not pay for the wrappers, data loading and
 checkpointing modules before it can rejoin its job.
 """
 
@@ -44,30 +45,32 @@ from ftjob.ft.gc_freeze import freeze_loaded
 freeze_loaded()  # torch and what else the script loaded: out of the collector's full scans (gc_freeze.py)
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs
-    from ftjob.ft.data import DataLoader
-    from ftjob.ft.ddp import DistributedDataParallel
-    from ftjob.ft.lighthouse_client import EvictedError, LighthouseError
-    from ftjob.ft.manager import InitialSyncError, Manager, ManagerConfig, QuorumInfo, QuorumUnavailable
-    from ftjob.ft.manager_types import StateLostError, Terminated
-    from ftjob.ft.metrics import TrainerMetrics, trainer_metrics
-    from ftjob.ft.optim import GradScaler, LRScheduler, Optimizer
-    from ftjob.ft.session import Session, SessionConfig
+    from ftjob.ft.links.lighthouse_client import EvictedError, LighthouseError
+    from ftjob.ft.rank_metrics import TrainerMetrics, trainer_metrics
+    from ftjob.ft.recovery.state_check import StateDictError
     from ftjob.ft.setup import current_session, init
-    from ftjob.ft.sharding import MicroBatch, StepShard, step_shard
-    from ftjob.ft.state_check import StateDictError
+    from ftjob.ft.step.manager import InitialSyncError, Manager, ManagerConfig, QuorumInfo, QuorumUnavailable
+    from ftjob.ft.step.manager_types import StateLostError, Terminated
+    from ftjob.ft.step.session import Session, SessionConfig
+    from ftjob.ft.wrappers.data import DataLoader
+    from ftjob.ft.wrappers.ddp import DistributedDataParallel
+    from ftjob.ft.wrappers.optim import GradScaler, LRScheduler, Optimizer
+    from ftjob.ft.wrappers.sharding import MicroBatch, StepShard, step_shard
 
 _LAZY = {  # public name -> the module defining it
-    **dict.fromkeys(("DataLoader",), "data"),
-    **dict.fromkeys(("DistributedDataParallel",), "ddp"),
-    **dict.fromkeys(("EvictedError", "LighthouseError"), "lighthouse_client"),
-    **dict.fromkeys(("InitialSyncError", "Manager", "ManagerConfig", "QuorumInfo", "QuorumUnavailable"), "manager"),
-    **dict.fromkeys(("TrainerMetrics", "trainer_metrics"), "metrics"),
-    **dict.fromkeys(("GradScaler", "LRScheduler", "Optimizer"), "optim"),
-    **dict.fromkeys(("Session", "SessionConfig"), "session"),
+    **dict.fromkeys(("DataLoader",), "wrappers.data"),
+    **dict.fromkeys(("DistributedDataParallel",), "wrappers.ddp"),
+    **dict.fromkeys(("EvictedError", "LighthouseError"), "links.lighthouse_client"),
+    **dict.fromkeys(
+        ("InitialSyncError", "Manager", "ManagerConfig", "QuorumInfo", "QuorumUnavailable"), "step.manager"
+    ),
+    **dict.fromkeys(("TrainerMetrics", "trainer_metrics"), "rank_metrics"),
+    **dict.fromkeys(("GradScaler", "LRScheduler", "Optimizer"), "wrappers.optim"),
+    **dict.fromkeys(("Session", "SessionConfig"), "step.session"),
     **dict.fromkeys(("current_session", "init"), "setup"),
-    **dict.fromkeys(("MicroBatch", "StepShard", "step_shard"), "sharding"),
-    **dict.fromkeys(("StateDictError",), "state_check"),
-    **dict.fromkeys(("StateLostError", "Terminated"), "manager_types"),
+    **dict.fromkeys(("MicroBatch", "StepShard", "step_shard"), "wrappers.sharding"),
+    **dict.fromkeys(("StateDictError",), "recovery.state_check"),
+    **dict.fromkeys(("StateLostError", "Terminated"), "step.manager_types"),
 }
 
 

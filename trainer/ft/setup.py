@@ -12,9 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from ftjob import contract
-from ftjob.ft.guard import GuardConfig
-from ftjob.ft.manager import ManagerConfig
-from ftjob.ft.session import Session, SessionConfig
+from ftjob.ft.integrity.guard import GuardConfig
+from ftjob.ft.step.manager import ManagerConfig
+from ftjob.ft.step.session import Session, SessionConfig
 
 _current: Session | None = None
 
@@ -47,7 +47,7 @@ def init(
     (FTJOB_GUARD_SKETCH) and ``digest_every`` (FTJOB_DIGEST_EVERY).
 
     SIGTERM (the pod deleted or evicted) is handled from the first step on, by the session's Manager: the group
-    leaves the job after the step in flight and the process exits 143 (ftjob.ft.termination) -- unless the script
+    leaves the job after the step in flight and the process exits 143 (ftjob.ft.step.termination) -- unless the script
     installed a SIGTERM handler of its own by then, which is left alone. Before the first step it ends the process
     at once, as without ftjob: there is nothing to finish.
     """

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftjob import contract
-from ftjob.ft.guard import DEFAULT_NORM_RATIO, DEFAULT_SKETCH, GuardConfig
-from ftjob.ft.integrity import DEFAULT_DIGEST_EVERY
+from ftjob.ft.integrity.duties import DEFAULT_DIGEST_EVERY
+from ftjob.ft.integrity.guard import DEFAULT_NORM_RATIO, DEFAULT_SKETCH, GuardConfig
 from ftjob.gpt.data import DEFAULT_MAX_BYTES
 from ftjob.gpt.model import PRESETS
 
@@ -49,7 +49,7 @@ class TrainConfig:
     collective_timeout_s: float = 5.0
     quorum_timeout_s: float = 60.0
     lighthouse_lost_timeout_s: float = 600.0
-    # integrity (ftjob.ft.integrity): the gradient guard and the state digests
+    # integrity (ftjob.ft.integrity.duties): the gradient guard and the state digests
     gradient_guard: bool = True
     guard_norm_ratio: float = DEFAULT_NORM_RATIO
     guard_sketch: bool = DEFAULT_SKETCH

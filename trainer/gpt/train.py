@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from ftjob import contract
-from ftjob.ft.digest import digest_of, full_params, replica_tensors
+from ftjob.ft.integrity.digest import digest_of, full_params, replica_tensors
 from ftjob.ft.records import CommitRecord, FinishedRecord, GroupLog, StartRecord, group_log_path
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.data import Corpus, SampleSource, rank_range, shard_range
@@ -208,7 +208,7 @@ class Trainer:
             print(f"[group {self.cfg.group}] {msg}", flush=True)
 
     def run(self) -> str:
-        from ftjob.ft.manager import Manager, ManagerConfig
+        from ftjob.ft.step.manager import Manager, ManagerConfig
 
         cfg = self.cfg
         start_step = self.resume()

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftjob.ft.fault_injection import FaultInjection
+from ftjob.ft.integrity.fault_injection import FaultInjection
 from ftjob.gpt.model import PRESETS
 
 DEFAULT_STEPS = 200  # the reference trainer's, when --steps is not given

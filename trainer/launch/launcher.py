@@ -5,10 +5,10 @@ operator gives pods (ftjob.contract), plus ``FTJOB_RUN_DIR`` for its run records
 after ``--restart-delay`` and injects faults: ``--kill-at`` SIGKILLs a random live group when the job's committed step
 (the lighthouse's status) reaches each given step, ``--kill-every`` does so on a timer. It never kills below
 ``--min-replicas`` live groups (the kill waits), so the job keeps committing. ``--inject-fault`` makes one group
-misbehave (FTJOB_FAULT_INJECTION, ftjob.ft.fault_injection; each start of a group gets FTJOB_GENERATION 0, 1, ..., and
-only generation 0 injects); a group the lighthouse evicts exits and is restarted like any other (the report says why
-in ``evictions``, with the lighthouse's final integrity counts and audit records). At the end it checks the groups'
-records (equal final parameters, every sample trained once) and writes ``--report`` / ``--timeline``.
+misbehave (FTJOB_FAULT_INJECTION, ftjob.ft.integrity.fault_injection; each start of a group gets FTJOB_GENERATION 0, 1,
+..., and only generation 0 injects); a group the lighthouse evicts exits and is restarted like any other (the report
+says why in ``evictions``, with the lighthouse's final integrity counts and audit records). At the end it checks the
+groups' records (equal final parameters, every sample trained once) and writes ``--report`` / ``--timeline``.
 """
 
 from __future__ import annotations

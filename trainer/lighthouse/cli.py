@@ -16,15 +16,15 @@ from collections.abc import Callable
 from aiohttp import web
 from ftjob import contract
 from ftjob.contract.tls import server_context
-from ftjob.lighthouse.audit import configure_audit_logging
-from ftjob.lighthouse.auth import Credentials
+from ftjob.lighthouse.api.auth import Credentials
+from ftjob.lighthouse.api.http_errors import JsonErrorRunner
+from ftjob.lighthouse.api.server import LighthouseServer
+from ftjob.lighthouse.audit_trail import configure_audit_logging
+from ftjob.lighthouse.core.integrity_checks import DEFAULT_MAX_OFFENCES, DEFAULT_WINDOW_S, IntegrityChecks
+from ftjob.lighthouse.core.quorum import QuorumCore
+from ftjob.lighthouse.core.stall import DEFAULT_FACTOR, DEFAULT_FLOOR_S, StallRule
+from ftjob.lighthouse.core.state import load_state
 from ftjob.lighthouse.gc_pacing import GcPacer
-from ftjob.lighthouse.http_errors import JsonErrorRunner
-from ftjob.lighthouse.integrity import DEFAULT_MAX_OFFENCES, DEFAULT_WINDOW_S, IntegrityChecks
-from ftjob.lighthouse.quorum import QuorumCore
-from ftjob.lighthouse.server import LighthouseServer
-from ftjob.lighthouse.stall import DEFAULT_FACTOR, DEFAULT_FLOOR_S, StallRule
-from ftjob.lighthouse.state import load_state
 
 log = logging.getLogger("ftjob.lighthouse")
 SHUTDOWN_GRACE_S = 1.0

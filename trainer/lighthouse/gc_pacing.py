@@ -23,7 +23,7 @@ ends, ~0.5 s, so with CPython's default threshold (a collection every 700 alloca
 young collections before the next freeze: ~10% of the lighthouse's core during the bench's rounds. With
 YOUNG_THRESHOLD a collection runs about once a round and most of a round's objects are freed by reference counting
 before it (lighthouse CPU per round 0.585 -> 0.52 s at 12,500 groups, with the stall-check pacing of
-ftjob.lighthouse.quorum). It bounds the young generation to ~10 MB.
+ftjob.lighthouse.core.quorum). It bounds the young generation to ~10 MB.
 
 Only the lighthouse's own process runs this (ftjob.lighthouse.cli): a server built inside another program leaves
 that program's collector alone.
