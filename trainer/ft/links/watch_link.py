@@ -36,9 +36,14 @@ def link_timing(heartbeat_interval_s: float) -> tuple[float, float]:
 
 class PacedWebSocket(aiohttp.ClientWebSocketResponse):
     """aiohttp's client socket whose ping period and pong allowance can change while it is open (aiohttp ties the
-    allowance to half the period, fixed at connect)."""
+    allowance to half the period, fixed at connect).
+
+    aiohttp has no public API for either, so this writes its private ``_heartbeat`` / ``_pong_heartbeat`` and
+    reschedules with ``_reset_heartbeat()``; pyproject.toml pins aiohttp to the tested minor and
+    tests/trainer/test_aiohttp_hooks.py fails when these fields or that method change shape."""
 
     def pace(self, ping_s: float, pong_s: float) -> None:
+        """Pings every ``ping_s`` from now on and drops the socket when a pong is ``pong_s`` late."""
         if (self._heartbeat, getattr(self, "_pong_heartbeat", None)) == (ping_s, pong_s):
             return
         self._heartbeat, self._pong_heartbeat = ping_s, pong_s
@@ -76,6 +81,7 @@ class WatchQuorums:
         raise cls(got.status, got.error or f"status {got.status}")
 
     def answered(self, data: str) -> None:
+        """A quorum answer frame arrived: it resolves the oldest request still waiting."""
         if not self._asked:
             log.warning("an unexpected quorum answer on the watch socket: %s", data[:200])
             return

@@ -4,10 +4,14 @@ sockets without a task per socket.
 
 Heartbeat pace: every rank 0 beats on its watch socket; at 12,500 groups the client's default 0.1 s would be 125,000
 frames/s, several times what one Python lighthouse core receives. The lighthouse therefore tells the groups (in the
-hello frame, and again when it changes) to beat every ``interval(groups)``: MIN_INTERVAL_S for a small job (as
-before), doubled while the total rate would exceed HEARTBEATS_PER_S, but never longer than a 1/TIMEOUT_BEATS of the
-heartbeat timeout (liveness first: a group is still heard TIMEOUT_BEATS times per timeout). Powers of two and a
-hysteresis keep pushes (O(groups) each) rare while groups come and go.
+hello frame, and again when it changes) to beat every ``interval(groups)``: MIN_INTERVAL_S for a small job (the
+client's own default), doubled while the total rate would exceed HEARTBEATS_PER_S, but never longer than a
+1/TIMEOUT_BEATS of the heartbeat timeout (liveness first: a group is still heard TIMEOUT_BEATS times per timeout).
+Powers of two and a hysteresis keep pushes (O(groups) each) rare while groups come and go.
+
+aiohttp has no public API for handing a WebSocket's incoming bytes to another parser, so ``WatchWebSocket`` overrides
+its private ``_post_start`` and sets the private state the rest of ``WebSocketResponse`` reads. pyproject.toml pins
+aiohttp to the tested minor and tests/trainer/test_aiohttp_hooks.py fails when one of these hooks changes shape.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # one incoming message (aiohttp's default; 
 # grow the lighthouse's memory with every push.
 SLOW_READER_BYTES = 4 * 1024 * 1024
 
-MIN_INTERVAL_S = 0.1  # LighthouseClient's default: a job of up to HEARTBEATS_PER_S / 10 groups beats as before
-# The total rank-0 heartbeat rate a lighthouse asks for: hack/bench/bench_controlplane.py measured ~30 us of its
-# core per heartbeat frame (aiohttp's frame handling is most of it), so 10,000/s take about a third of the core
-# and leave the rest to quorum rounds (21,000/s took 63% and the rounds missed their goal).
+# LighthouseClient's default: a job of up to HEARTBEATS_PER_S / 10 groups beats at the pace the client asks for itself
+MIN_INTERVAL_S = 0.1
+# The total rank-0 heartbeat rate a lighthouse asks for: every heartbeat frame costs the lighthouse's single core
+# (aiohttp's frame handling is most of it), so the rate is capped well below what the core could take, leaving most of
+# it to the quorum rounds, which must meet their deadlines (hack/bench/bench_controlplane.py measures the cost).
 HEARTBEATS_PER_S = 10_000
 # heartbeats per heartbeat timeout, at least: three lost or late in a row never drop a group (and every quorum
 # request, once per step, refreshes a group's liveness too)
@@ -47,6 +52,7 @@ class HeartbeatPace:
         self._current = floor_s
 
     def interval(self, groups: int) -> float:
+        """The heartbeat period to ask of each of ``groups`` live groups (remembers the last, for the hysteresis)."""
         need = groups / self.per_s  # the shortest interval that keeps the total rate within per_s
         step = self._current
         while step < need:
@@ -69,7 +75,12 @@ class WatchWebSocket(web.WebSocketResponse):
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def _post_start(self, request: BaseRequest, protocol: str | None, writer: WebSocketWriter) -> None:
-        """Instead of aiohttp's reader and message queue (WebSocketResponse._post_start), our FrameReader."""
+        """Instead of aiohttp's reader and message queue (WebSocketResponse._post_start), our FrameReader.
+
+        A private aiohttp hook (no public API swaps the parser): ``prepare()`` calls it after the handshake; it sets
+        the private fields aiohttp's own ``_post_start`` sets and installs the FrameReader in the connection's
+        payload-parser slot, which calls ``feed_data``/``feed_eof`` as aiohttp's WebSocketReader would be called.
+        """
         self._ws_protocol, self._writer = protocol, writer
         transport = request.protocol.transport
         assert transport is not None  # _pre_start checked it
@@ -79,6 +90,7 @@ class WatchWebSocket(web.WebSocketResponse):
         request.protocol.keep_alive(False)
 
     def _on_ended(self, code: int, _why: str) -> None:
+        # aiohttp's private close state, so that ``closed`` and ``close_code`` answer as for any of its sockets
         self._set_closed()  # send_now skips it from now on
         self._close_code = code
         if not self.ended.done():
@@ -100,12 +112,15 @@ class WatchWebSocket(web.WebSocketResponse):
             self.frames.close(code, why)
 
     async def close(self, *, code: int = WSCloseCode.OK, message: bytes = b"", drain: bool = True) -> bool:
+        """Hangs up now with ``code``; False when already closed (aiohttp's reader, which close() waits on, is not
+        there)."""
         if self.frames is None or self.frames.closed:
             return False
         self.hang_up(code, message.decode(errors="replace"))
         return True
 
     async def receive(self, timeout: float | None = None) -> WSMessage:
+        """Never used: the frames go to the FrameReader as they arrive."""
         raise RuntimeError("the watch socket's frames go to its FrameReader, not receive()")
 
 
