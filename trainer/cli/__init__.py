@@ -15,6 +15,25 @@ import argparse
 import sys
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``ftjob-trainer`` with its subcommands; ``lighthouse`` and ``supervise`` are only named here (their
+    own parsers take their arguments: ftjob.lighthouse.cli, ftjob.launch.supervisor.build_parser)."""
+    from ftjob.gpt.config import add_train_flags
+    from ftjob.launch.config import add_launch_flags
+
+    parser = argparse.ArgumentParser(
+        prog="ftjob-trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("lighthouse", help="run the job's lighthouse (see `ftjob-trainer lighthouse --help`)")
+    train_p = sub.add_parser("train", help="train as one rank of one replica group")
+    launch_p = sub.add_parser("launch", help="run lighthouse + groups locally, inject faults, report")
+    sub.add_parser("supervise", help="run a pod's ranks (see `ftjob-trainer supervise --help`)")
+    add_train_flags(train_p)
+    add_launch_flags(launch_p)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "lighthouse":
@@ -26,20 +45,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return supervise_main(argv[1:])
 
-    parser = argparse.ArgumentParser(
-        prog="ftjob-trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("lighthouse", help="run the job's lighthouse (see `ftjob-trainer lighthouse --help`)")
-    train_p = sub.add_parser("train", help="train as one rank of one replica group")
-    launch_p = sub.add_parser("launch", help="run lighthouse + groups locally, inject faults, report")
-    sub.add_parser("supervise", help="run a pod's ranks (see `ftjob-trainer supervise --help`)")
+    from ftjob.launch.config import split_command
 
-    from ftjob.gpt.config import add_train_flags
-    from ftjob.launch.config import add_launch_flags, split_command
-
-    add_train_flags(train_p)
-    add_launch_flags(launch_p)
+    parser = build_parser()
     argv, command = split_command(argv) if argv and argv[0] == "launch" else (argv, [])
     args = parser.parse_args(argv)
     try:
