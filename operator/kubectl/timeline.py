@@ -1,11 +1,14 @@
 """`kubectl ftjob timeline`: the committed step of every replica group over time, from the job's .status.history,
-with the failures (red) and recoveries (green) of its Events marked, drawn with matplotlib into a PNG.
+with the failures (red) and recoveries (green) marked, drawn with matplotlib into a PNG. A failure is marked once,
+where the history shows its groups drop out; the job's Events only name it (they are stamped to the second, and one
+failure posts several).
 
 matplotlib is imported only here and only when drawing (it is in the `trainer` extra, not the operator's image).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,26 +36,102 @@ def history(job: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(good, key=lambda r: r["t"])
 
 
+# Events name a failure to the second and may be posted seconds before the group leaves the lighthouse (the pod's
+# death is seen first) or after it (the lighthouse's eviction is mirrored at the next poll); an Event this close to
+# a drop of the group it names is taken as that drop's cause, not as a failure of its own.
+MATCH_S = 30.0
+# Reasons that take a group out on purpose: a drop they explain is no failure.
+PLANNED_REASONS = frozenset({"ScaledDown", "Suspended"})
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Groups that reported in one history sample and were gone (or restarted, their step going back) in the next:
+    `t` is the first sample that shows it, the moment the operator saw them drop out."""
+
+    t: float
+    groups: tuple[str, ...]
+
+
+def drops(samples: list[dict[str, Any]]) -> list[Drop]:
+    """Every drop in the history, oldest first (groups that left at the same sample are one drop)."""
+    out: list[Drop] = []
+    for before, after in itertools.pairwise(samples):
+        was, now = before.get("groups") or {}, after.get("groups") or {}
+        gone = [g for g in was if g not in now or _number(now[g]) < _number(was[g])]
+        if gone:
+            out.append(Drop(after["t"], tuple(sorted(gone, key=lambda g: (len(g), g)))))
+    return out
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def _explains(event: JobEvent, drop: Drop) -> bool:
+    """Whether `event` may be about `drop`: near it, and naming one of its groups or none at all."""
+    near = event.time is not None and abs(event.time - drop.t) <= MATCH_S
+    return near and (event.group is None or str(event.group) in drop.groups)
+
+
 def marks(job: dict[str, Any], events: list[JobEvent]) -> list[Mark]:
-    """A mark per failure or recovery Event, and a derived recovery where a failed group is back at the job's step."""
-    out = [Mark(e.time, e.kind, e.reason) for e in events if e.time is not None and e.kind in (FAILURE, RECOVERY)]
+    """One failure mark per drop in .status.history, at the moment the groups dropped out, named by the Event that
+    explains it (each Event explains at most its nearest drop); a failure Event that explains no drop (a pod that
+    never ran, a drop the bounded history thinned away) gets a mark of its own, once per group within MATCH_S. A
+    recovery where a dropped group is back at the job's step, and one per recovery Event that is not such a return.
+    """
     samples = history(job)
-    back: set[tuple[float, int]] = set()
+    found = drops(samples)
+    causes: dict[int, list[JobEvent]] = {i: [] for i in range(len(found))}
+    unexplained: list[JobEvent] = []
     for e in events:
-        if e.kind != FAILURE or e.time is None or e.group is None:
+        if e.time is None or e.kind == RECOVERY:
             continue
-        behind_seen = False  # the group must first drop out (or fall behind) and then be back at the job's step
-        for s in (s for s in samples if s["t"] > e.time):
-            step = (s.get("groups") or {}).get(str(e.group))
-            job_step = s.get("step")
-            if step is None or (isinstance(job_step, int | float) and step < job_step):
-                behind_seen = True
-            elif behind_seen:
-                if (s["t"], e.group) not in back:  # the first failure of a burst names the whole outage
-                    back.add((s["t"], e.group))
-                    out.append(Mark(s["t"], RECOVERY, f"group {e.group} back ({s['t'] - e.time:.0f}s)"))
-                break
+        near = [i for i, d in enumerate(found) if _explains(e, d)]
+        if near:
+            causes[min(near, key=lambda i: abs(found[i].t - (e.time or 0.0)))].append(e)
+        elif e.kind == FAILURE:
+            unexplained.append(e)
+    out: list[Mark] = []
+    returns: list[tuple[float, str]] = []
+    for i, d in enumerate(found):
+        why = causes[i]
+        failures = [e for e in why if e.kind == FAILURE]
+        if not failures and any(e.reason in PLANNED_REASONS for e in why):
+            continue
+        label = failures[0].reason if failures else f"group {', '.join(d.groups)} dropped out"
+        out.append(Mark(d.t, FAILURE, label))
+        for g in d.groups:
+            back = _back_at(samples, g, d.t)
+            if back is not None and (back, g) not in returns:  # the first drop of a burst names the whole outage
+                returns.append((back, g))
+                out.append(Mark(back, RECOVERY, f"group {g} back ({back - d.t:.0f}s)"))
+    drawn: dict[int | None, float] = {}
+    for e in unexplained:
+        t = e.time or 0.0
+        if e.group is not None and e.group in drawn and t - drawn[e.group] <= MATCH_S:
+            continue  # the same group's failure again, told by another Event
+        drawn[e.group] = t
+        out.append(Mark(t, FAILURE, e.reason))
+    for e in events:
+        if e.time is None or e.kind != RECOVERY:
+            continue
+        if e.group is not None and any(g == str(e.group) and abs(t - e.time) <= MATCH_S for t, g in returns):
+            continue  # the return the history shows already marks it
+        out.append(Mark(e.time, RECOVERY, e.reason))
     return sorted(out, key=lambda m: m.t)
+
+
+def _back_at(samples: list[dict[str, Any]], group: str, since: float) -> float | None:
+    """The first sample after `since` where `group` reports again at the job's step (not healing behind it)."""
+    for s in samples:
+        if s["t"] <= since:
+            continue
+        step = (s.get("groups") or {}).get(group)
+        job_step = s.get("step")
+        if step is not None and not (isinstance(job_step, int | float) and step < job_step):
+            return s["t"]
+    return None
 
 
 def _load_pyplot() -> Any:
