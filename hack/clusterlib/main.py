@@ -127,6 +127,19 @@ def cmd_fault(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_grace(args: argparse.Namespace) -> int:
+    s = settings.load()
+    if s is None:
+        raise SystemExit(f"error: no cluster in {settings.default_state_dir()}; run `hack/cluster up` first")
+    value = None if args.seconds == "default" else args.seconds
+    if value is not None and not (value.isdigit() and int(value) > 0):
+        raise SystemExit(f"error: node-grace takes a whole number of seconds or `default`, not {args.seconds!r}")
+    with cluster_lock():
+        controlplane.set_node_monitor_grace(s, None if value is None else f"{value}s", time.monotonic())
+    print(f"kube-controller-manager: --node-monitor-grace-period={controlplane.node_monitor_grace(s)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hack/cluster", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -145,6 +158,11 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("name", nargs="?", help="only logs whose name contains this")
     logs.add_argument("-n", "--lines", type=int, default=20)
     logs.set_defaults(func=cmd_logs)
+    grace = sub.add_parser(
+        "node-grace", help="restart the controller-manager with this node-monitor grace period (seconds | default)"
+    )
+    grace.add_argument("seconds", metavar="SECONDS|default")
+    grace.set_defaults(func=cmd_node_grace)
     for name, target, text in (
         ("kill-node", "NODE", "SIGKILL a node's kubelet, containerd, shims and containers"),
         ("cut-node", "NODE", "take a node's uplink down"),

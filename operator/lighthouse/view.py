@@ -130,3 +130,13 @@ class SilenceWatch:
                 why = view.evicted.get(str(idx), "no longer a member")
                 silent[idx] = f"replica group {idx} left the lighthouse ({why}) {now - since:.0f}s ago but its pods run"
         return silent
+
+    def gone(self, state: JobState) -> set[int]:
+        """Groups whose current generation joined the lighthouse and is, as of the last ``silent`` call, no longer
+        listed by it, however briefly: not enough to replace a group on its own (a group may be mid-reconnect), but
+        together with its node no longer answering, the group is lost with that node."""
+        return {
+            idx
+            for idx in self.absent_since
+            if idx in state.groups and self.joined.get(idx) == state.groups[idx].generation
+        }

@@ -84,7 +84,7 @@ def detect_failure(
                 _fail(REASON_EXIT_CODE, f"pod {pod.name} container {pod.exit_container} exited {code}", pod, action)
             )
         elif pod.phase != "Succeeded" and node_is_lost(pod.node, node_ready):
-            msg = f"pod {pod.name} is on node {pod.node}, which is NotReady or gone"
+            msg = f"pod {pod.name} is on node {pod.node}, which is NotReady, gone or no longer answering"
             failures.append(_fail(REASON_NODE_LOST, msg, pod, ACTION_RESTART_GROUP, node_lost=True))
         elif pod.deletion_time is not None and pod.name not in deleting and pod.phase != "Succeeded":
             msg = f"pod {pod.name} is being deleted by someone else"

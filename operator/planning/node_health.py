@@ -37,6 +37,8 @@ class NodeView:
     unschedulable: bool = False
     conditions: tuple[tuple[str, str, str], ...] = ()  # (type, status, message)
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
+    address: str = ""  # its InternalIP: where the operator asks the kubelet whether the node still answers
+    kubelet_port: int = 0  # status.daemonEndpoints.kubeletEndpoint.Port
 
     @classmethod
     def from_node(cls, spec: Mapping[str, Any], status: Mapping[str, Any]) -> NodeView:
@@ -51,6 +53,10 @@ class NodeView:
                 (str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
                 for t in spec.get("taints") or []
             ),
+            address=next(
+                (str(a.get("address", "")) for a in status.get("addresses") or [] if a.get("type") == "InternalIP"), ""
+            ),
+            kubelet_port=int(((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port") or 0),
         )
 
 

@@ -37,6 +37,7 @@ from ftjob.operator.planning.node_policy import NodePolicy
 from ftjob.operator.planning.plan import SURVIVOR_PHASES, Actions, Observed, Result, plan
 from ftjob.operator.planning.stuck import LIGHTHOUSE
 from ftjob.operator.reconcile import progress, readiness
+from ftjob.operator.reconcile.node_probe import NodeProbe
 from ftjob.operator.resources import manifests as builders
 from ftjob.operator.resources.kubeapi import KubeApi, api_message
 from ftjob.operator.runtime import operator_metrics as metrics
@@ -74,6 +75,8 @@ class JobWorker(JobLighthouse):
         self.pod_index, self.node_index = pods, nodes
         self.on_phase = on_phase  # callback(key, phase | None): feeds the jobs-by-condition gauge
         self.node_policy = node_policy or NodePolicy(kube)
+        self.node_probe = NodeProbe()
+        self.not_answering: set[str] = set()  # nodes last found not answering (a Warning each time one joins)
         self.wake_event = asyncio.Event()
         self.state: JobState | None = None
         self.deleting: set[str] = set()
@@ -149,6 +152,32 @@ class JobWorker(JobLighthouse):
     def _nodes(self) -> dict[str, NodeView]:
         return {name: view for name, store in (self.node_index or {}).items() for view in list(store)[:1]}
 
+    async def _nodes_not_answering(self, pods: list[PodView], node_ready: Mapping[str, bool]) -> set[str]:
+        """Nodes still Ready in the API on which every group of this job has left the lighthouse and whose kubelet no
+        longer accepts a connection: lost now, not only once the node-monitor grace period marks them NotReady. A
+        node with one group of the job still in the lighthouse is never asked."""
+        if self.state is None or not (gone := self.silence.gone(self.state)):
+            self.not_answering = set()
+            return set()
+        groups_on: dict[str, set[int]] = {}
+        for p in pods:
+            group = self.state.groups.get(p.group) if p.group is not None else None
+            if group is None or p.generation != group.generation or not p.node or p.phase in ("Succeeded", "Failed"):
+                continue
+            groups_on.setdefault(p.node, set()).add(group.index)
+        suspects = [node for node, groups in groups_on.items() if node_ready.get(node) and groups <= gone]
+        lost = await self.node_probe.not_answering(self._nodes(), suspects) if suspects else set()
+        for node in sorted(lost - self.not_answering):
+            groups = ", ".join(str(g) for g in sorted(groups_on[node]))
+            self._event(
+                "Warning",
+                "NodeNotAnswering",
+                f"node {node} does not answer and replica groups {groups} left the lighthouse: replacing them on "
+                "other nodes now (Kubernetes still reports the node Ready)",
+            )
+        self.not_answering = lost
+        return lost
+
     async def reconcile(self) -> float:
         """Returns the delay until the next reconcile (a wake-up comes sooner), or -1 when the job was deleted."""
         body = self.body
@@ -164,7 +193,10 @@ class JobWorker(JobLighthouse):
         silent = self._silent_groups(spec, now)
         degraded = degraded_nodes(spec.node_health, self._nodes())
         drops = integrity_drops(self.lh_view.integrity_drops, self.lh_view_at) if self.lh_view else {}
-        obs = Observed(pods, self._node_ready(), set(self.deleting), now, finished, silent, degraded, drops)
+        node_ready = self._node_ready()
+        if node_ready is not None and (lost := await self._nodes_not_answering(pods, node_ready)):
+            node_ready = {**node_ready, **dict.fromkeys(lost, False)}  # lost now, as if NotReady
+        obs = Observed(pods, node_ready, set(self.deleting), now, finished, silent, degraded, drops)
         result = plan(self.name, spec, self.state, obs)
         a = result.actions
         lh_base = self._lighthouse_base(pods, self.state)

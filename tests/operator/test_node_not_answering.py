@@ -1,0 +1,92 @@
+"""A node that dies under a running job is acted on when the lighthouse has dropped its groups and the node no longer
+answers, not when Kubernetes marks it NotReady: with the controller-manager's stock node-monitor grace period (40 s)
+the node is still Ready in the API when the replacements already exist on the other node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from ftjob import contract
+from kubernetes import client
+
+from tests.support.cluster import cluster
+from tests.support.operator_cluster import (
+    create_job,
+    get_job,
+    job_manifest,
+    patch_job,
+    running_groups,
+    set_unschedulable,
+)
+from tests.support.polling import wait_for
+
+pytestmark = pytest.mark.cluster
+
+STOCK_NODE_MONITOR_GRACE_S = "40"  # kube-controller-manager's default
+
+
+@pytest.fixture
+def stock_node_grace() -> Iterator[None]:
+    cluster("node-grace", STOCK_NODE_MONITOR_GRACE_S)
+    try:
+        yield
+    finally:
+        cluster("node-grace", "default")
+
+
+def node_is_ready(core: client.CoreV1Api, node: str) -> bool:
+    conditions = core.read_node(node).status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def lighthouse_node(core: client.CoreV1Api, ns: str, job: str) -> str | None:
+    sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
+    nodes = [p.spec.node_name for p in core.list_namespaced_pod(ns, label_selector=sel).items if p.spec.node_name]
+    return nodes[0] if len(nodes) == 1 else None
+
+
+def test_a_dead_node_is_replaced_while_kubernetes_still_calls_it_ready(
+    kube, namespace, operators, two_nodes, stock_node_grace
+):
+    node_a, node_b = two_nodes
+    operators()
+    # Placement by cordoning: the lighthouse and group 0 on node A, then groups 1 and 2 on node B.
+    set_unschedulable(kube.core, node_b, True)
+    create_job(kube.custom, namespace, job_manifest("dn", replicas=1, minReplicas=1))
+    wait_for(lambda: len(running_groups(kube.core, namespace, "dn")) == 1, 120, "group 0 running")
+    assert wait_for(lambda: lighthouse_node(kube.core, namespace, "dn"), 120, "the lighthouse scheduled") == node_a
+    set_unschedulable(kube.core, node_a, True)
+    set_unschedulable(kube.core, node_b, False)
+    patch_job(kube.custom, namespace, "dn", {"spec": {"replicas": 3}})
+    before = wait_for(lambda: (g := running_groups(kube.core, namespace, "dn")) and len(g) == 3 and g, 120,
+                      "groups 1 and 2 running on node B")  # fmt: skip
+    assert [before[i][0].spec.node_name for i in range(3)] == [node_a, node_b, node_b]
+    set_unschedulable(kube.core, node_a, False)
+    # every group in the quorum, so the lighthouse has seen each one join before the node dies
+    wait_for(lambda: ((get_job(kube.custom, namespace, "dn").get("status") or {}).get("quorum") or {}).get("size") == 3,
+             120, "all three groups in the quorum")  # fmt: skip
+    victims = {before[1][0].metadata.name, before[2][0].metadata.name}
+
+    cluster("kill-node", node_b)
+
+    def replaced() -> list[client.V1Pod] | None:
+        pods = kube.core.list_namespaced_pod(namespace, label_selector=f"{contract.LABEL_JOB}=dn").items
+        new = [p for p in pods if p.metadata.labels.get(contract.LABEL_ROLE) != contract.ROLE_LIGHTHOUSE
+               and p.metadata.name not in victims and p.metadata.name != before[0][0].metadata.name]  # fmt: skip
+        return new if len(new) == 2 else None
+
+    replacements = wait_for(replaced, 60, "replacements of groups 1 and 2 created")
+    assert node_is_ready(kube.core, node_b), "the replacements must not wait for Kubernetes to mark the node NotReady"
+    for pod in replacements:
+        terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+        assert any(e.values == [node_b] and e.operator == "NotIn" for t in terms for e in t.match_expressions), pod
+    after = wait_for(lambda: (g := running_groups(kube.core, namespace, "dn")) and len(g) == 3
+                     and all(g[i][0].metadata.name not in victims for i in (1, 2)) and g, 120,
+                     "groups 1 and 2 running again")  # fmt: skip
+    assert all(after[i][0].spec.node_name == node_a for i in range(3))
+    assert after[0][0].metadata.uid == before[0][0].metadata.uid, "group 0 must not be touched"
+    status = get_job(kube.custom, namespace, "dn")["status"]
+    assert status["restartsByReason"] == {"NodeLost": 2}, status
+    events = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=dn").items
+    assert any(e.reason == "NodeNotAnswering" for e in events), [(e.reason, e.message) for e in events]
