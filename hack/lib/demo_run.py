@@ -271,14 +271,14 @@ def run_job(
         f"applying the sample job {name} from {display(job_file)} ({steps} steps; group {kill_group} "
         f"will be killed once step {kill_at} is committed)"
     )
-    for c in job["spec"]["template"]["spec"]["containers"]:  # the trainer image built from this checkout
-        c["image"] = sh.images["trainer"]
-    say(f"(its containers run {sh.images['trainer']}, built from this checkout and imported into every node)")
-    sh.run("kubectl", "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(job))
+    images = ", ".join(sorted({c["image"] for c in job["spec"]["template"]["spec"]["containers"]}))
+    say(f"(its containers run {images}: hack/cluster tags its build of this checkout so in every node)")
+    sh.run("kubectl", "apply", "-n", ns, "-f", str(job_file))  # as written, no image rewritten
     w = Watcher(sh, ns, name)
     killed_at: float | None = None
     killed_step = 0
     killed_incarnation: str | None = None
+    dropped_at: float | None = None
     recovered = False
     obj: dict[str, Any] | None = None
     deadline = time.monotonic() + timeout_s
@@ -292,8 +292,12 @@ def run_job(
             sel = f"{contract.LABEL_JOB}={name},{contract.LABEL_GROUP}={g},{contract.LABEL_ROLE}={contract.ROLE_WORKER}"
             sh.run("kubectl", "delete", "pod", "-n", ns, "-l", sel, "--wait=false")
             killed_at, killed_step = w.t(), last.max_step
-            w.timeline.mark(killed_at, "kill", f"group {g} killed at step {killed_step}")
             w.table()
+        if killed_at is not None and dropped_at is None and killed_incarnation is not None:
+            dropped_at = w.timeline.dropped_out(g, killed_incarnation, killed_at)
+            if dropped_at is not None:  # one mark for the failure, where the lighthouse lost the group
+                w.timeline.mark(dropped_at, "kill", f"group {g} out (killed at step {killed_step})")
+                say(f"group {g} dropped out of the lighthouse {dropped_at - killed_at:.1f}s after the kill")
         if killed_at is not None and not recovered and last:
             m = last.groups.get(g)
             if m and m.incarnation != killed_incarnation and m.contributing and g in last.quorum_groups:
@@ -307,6 +311,8 @@ def run_job(
             break
         time.sleep(0.5)  # the demo's poll period
     w.table()
+    if killed_at is not None and dropped_at is None:  # the lighthouse never showed it leave: mark the kill itself
+        w.timeline.mark(killed_at, "kill", f"group {kill_group} killed at step {killed_step}")
     ok = is_true(obj, "Succeeded")
     w.timeline.mark(w.t(), "succeeded" if ok else "failed", "Succeeded" if ok else "not Succeeded")
     png, samples_png, raw = out / "timeline.png", out / "lighthouse-samples.png", out / "timeline.json"

@@ -1,9 +1,10 @@
 """The demo's timeline: samples of the lighthouse status (committed step, quorum membership per replica group) taken
-while a job runs, and the PNG drawn from them: committed step per group over time, the kill and the recovery marked,
-and a lane per group showing when it took part in the quorum."""
+while a job runs, and the PNG drawn from them: committed step per group over time, the failure (where the killed group
+dropped out of the lighthouse) and the recovery marked, and a lane per group showing when it took part in the quorum."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -54,6 +55,17 @@ class Timeline:
     def mark(self, t: float, kind: str, label: str) -> None:
         self.marks.append((t, kind, label))
 
+    def dropped_out(self, group: str, incarnation: str, since: float) -> float | None:
+        """When `group`'s `incarnation` left the lighthouse: the first sample from `since` on that lacks it (gone,
+        or replaced by a new incarnation). A failure is marked there, once, whatever caused it; None: not yet."""
+        for s in self.samples:
+            if s.t < since:
+                continue
+            member = s.groups.get(group)
+            if member is None or member.incarnation != incarnation:
+                return s.t
+        return None
+
     def save_json(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
@@ -100,7 +112,8 @@ def plot(timeline: Timeline, path: Path, title: str) -> None:
     lanes.set_ylim(-0.6, len(groups) - 0.4)
     lanes.set_xlabel("seconds since the job was applied")
     lanes.set_title("taking part: solid = contributing to the quorum, faded = alive but healing/spare", fontsize=9)
-    for t, kind, label in timeline.marks:
+    marks = sorted(timeline.marks, key=lambda m: m[0])
+    for t, kind, label in marks:
         color, style = MARK_STYLE.get(kind, ("purple", "-."))
         for axis in (ax, lanes):
             axis.axvline(t, color=color, linestyle=style, linewidth=1.2)
@@ -112,7 +125,7 @@ def plot(timeline: Timeline, path: Path, title: str) -> None:
             color=color,
             fontsize=8,
         )
-    for (t0, k0, _), (t1, k1, _) in zip(timeline.marks, timeline.marks[1:], strict=False):
+    for (t0, k0, _), (t1, k1, _) in itertools.pairwise(marks):
         if k0 == "kill" and k1 == "recovered":
             ax.axvspan(t0, t1, color="tab:red", alpha=0.08, label=f"recovery ({t1 - t0:.1f}s)")
     ax.set_ylabel("committed step")
