@@ -171,7 +171,7 @@ class AsyncCheckpointer:
         directory.mkdir(parents=True, exist_ok=True)
         if before_save is not None:
             before_save()
-        import torch.distributed.checkpoint as dcp  # ~0.6 s (with DTensor, sympy): only once checkpoints are on
+        import torch.distributed.checkpoint as dcp  # slow to import (DTensor, sympy): only once checkpoints are on
 
         fut = dcp.async_save(_clone(state), checkpoint_id=str(directory), process_group=self.pg)
         self._pending = (step, directory, fut)

@@ -1,18 +1,17 @@
 """A rank's start-up without CPython's full garbage collections over torch.
 
-Starting a rank builds one of the largest heaps a Python program has: ``import torch`` leaves ~200,000 objects the
-cyclic collector tracks, and the first optimizer imports ``torch._dynamo`` (~900 more modules; every torch optimizer
-does, torchft's too). Each full collection while that happens scans all of it: a replacement rank of the benchmark
-model ran six in its first seconds, 0.6-0.8 s of its CPU, all before its first step, while the others wait for it
-to rejoin. Those objects are modules, classes and functions: they live as long as the process.
+Starting a rank builds one of the largest heaps a Python program has: ``import torch`` leaves a great many objects
+the cyclic collector tracks, and the first optimizer imports ``torch._dynamo`` (hundreds more modules; every torch
+optimizer does, torchft's too). Each full collection while that happens scans all of it, and CPython runs several
+while a rank starts: CPU spent before a replacement rank's first step, while the others wait for it to rejoin. Those
+objects are modules, classes and functions: they live as long as the process.
 
 So when the library loads (``import ftjob.ft``, and again once the Manager's own dependencies are in), everything
 alive is frozen (``gc.freeze``): reference counting still frees a frozen object, the collector just stops scanning
 it. What the training script creates afterwards is collected as usual. At exit everything is unfrozen again, so the
 interpreter's last collection frees it as it would have (native extensions such as triton's check that theirs were).
 
-Measured here (2-core VM, the bench's rejoin worker: torch, ftjob's Manager, a model and Adam): imports + model and
-optimizer 3.1-3.6 s -> 2.8-3.0 s. FTJOB_GC_FREEZE=0 leaves the collector alone.
+FTJOB_GC_FREEZE=0 leaves the collector alone.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The lighthouse process's cyclic garbage collector, paced for a large heap of long-lived objects.
 
-At 12,500 groups the lighthouse holds over a million GC-tracked objects that live as long as their connection, and
-every round adds a few per group that live about one round (the pending request, its waiter). Those survive two
-young collections, so CPython promotes them to its oldest generation, and its rule then runs a full collection
-each time that generation grew by a quarter: every other round or so, each one scanning every connection's objects.
-hack/bench/bench_controlplane.py at 12,500 groups measured four full collections in eight rounds, 0.64-0.82 s of
-the lighthouse's one core each, every one a pause inside a round or an abort. Yet those objects are freed by
-reference counting: only reference cycles need the collector, and the lighthouse makes few.
+At the scale the lighthouse is built for (12,500 groups) it holds a very large number of GC-tracked objects that live
+as long as their connection, and every round adds a few per group that live about one round (the pending request, its
+waiter). Those survive two young collections, so CPython promotes them to its oldest generation, and its rule then
+runs a full collection each time that generation grew by a quarter: every few rounds, each one scanning every
+connection's objects on the lighthouse's one core -- a pause inside a round, long enough to cost the round or abort
+it. Yet those objects are freed by reference counting: only reference cycles need the collector, and the lighthouse
+makes few.
 
 So the lighthouse process freezes what is alive every FREEZE_S (``gc.freeze``: the collector stops scanning it,
 reference counting still frees it), which keeps the collector's own generations small. Frozen cycles that become
@@ -14,16 +14,14 @@ garbage (a closed connection's objects) wait for a full collection over everythi
 which runs when the memory per open connection grew by FULL_GROWTH over its lowest since the last one -- connections
 closed, or something leaked -- or FULL_MAX_S passed. Memory per connection, not the heap alone: while the groups
 connect, the heap grows with live connections and no full collection is needed (a rule on the heap alone, as
-CPython's, ran six while 12,500 groups connected, the last one 0.9 s long, in the bench's first round). Memory is
-the process's peak resident memory (getrusage: one cheap system call; counting the frozen objects would visit every
-one of them, ~0.1 s at this scale).
+CPython's, would run full collections over and over while the groups connect). Memory is the process's peak resident
+memory (getrusage: one cheap system call; counting the frozen objects would visit every one of them).
 
 Young collections are paced too: a quorum request's objects (its validated model, its waiter) live until the round
-ends, ~0.5 s, so with CPython's default threshold (a collection every 700 allocations) each was scanned by several
-young collections before the next freeze: ~10% of the lighthouse's core during the bench's rounds. With
-YOUNG_THRESHOLD a collection runs about once a round and most of a round's objects are freed by reference counting
-before it (lighthouse CPU per round 0.585 -> 0.52 s at 12,500 groups, with the stall-check pacing of
-ftjob.lighthouse.core.quorum). It bounds the young generation to ~10 MB.
+ends, so with CPython's default threshold (a collection every 700 allocations) each would be scanned by several young
+collections before the next freeze. With YOUNG_THRESHOLD a collection runs about once a round and most of a round's
+objects are freed by reference counting before it, while the young generation stays bounded (YOUNG_THRESHOLD
+allocations). hack/bench/bench_controlplane.py measures the effect.
 
 Only the lighthouse's own process runs this (ftjob.lighthouse.cli): a server built inside another program leaves
 that program's collector alone.

@@ -32,7 +32,7 @@ from ftjob.ft.step.manager_group import InGroup
 
 log = logging.getLogger("ftjob.integrity")
 
-DEFAULT_DIGEST_EVERY = 100  # committed steps; ~0.1% of the bench model's step time (README, Integrity)
+DEFAULT_DIGEST_EVERY = 100  # committed steps: rare enough that the digests cost a negligible share of the step time
 
 
 class Integrity:

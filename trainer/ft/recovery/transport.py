@@ -57,12 +57,12 @@ from ftjob.ft.recovery.codec import (
 from pydantic import ValidationError
 
 log = logging.getLogger("ftjob.recovery")
-CHUNK_BYTES = 16 * 1024 * 1024  # fewer requests (HTTP parsing holds the GIL): 1 MiB 0.5x, 4 MiB 0.85x of 16 here
+CHUNK_BYTES = 16 * 1024 * 1024  # large: fewer requests, and HTTP parsing holds the GIL (smaller chunks fetch slower)
 MASK = 2**64 - 1
 PAGE = 4096
 # Each connection's receive window. Autotuned ones grow to 32 MiB (tcp_rmem): 4 streams then put ~2,000 64 KiB
 # packets in flight, loopback's backlog (netdev_max_backlog 1000) drops some, and a 200 ms retransmit timeout stalls
-# the copy (0.1 s -> 0.45 s for 256 MiB here). 4 MiB x the streams still covers a datacenter link's bandwidth x delay.
+# the copy for several times its length. 4 MiB x the streams still covers a datacenter link's bandwidth x delay.
 RCVBUF_BYTES = 4 * 1024 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_WAIT_S = 120.0  # the longest a request waits for its step's snapshot (?wait= is capped to it)
@@ -123,7 +123,7 @@ def _checksums(packed: Packed, chunk_bytes: int) -> list[Chunk]:
 class _Snapshot:
     step: int
     packed: Packed
-    chunks: Future[list[Chunk]]  # checksummed in the background from publish on (~25 GB/s)
+    chunks: Future[list[Chunk]]  # checksummed in the background from publish on (fast: numpy word sums)
     manifest: bytes | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -473,7 +473,7 @@ def fetch_state(
             log.warning("recovery chunk %d from %s was bad (attempt %d); fetching it again", index, address, attempt)
 
     # no more streams than CPUs: each stream's thread copies from its socket, more only contend for the GIL and
-    # the cores (2 cores here, sender and receiver in one process, under load: 256 MiB in ~118 ms with 2, ~165 with 4)
+    # the cores and make the fetch slower
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     streams = max(1, min(parallel, len(chunks), cpus))
     with ThreadPoolExecutor(streams, thread_name_prefix="recovery-fetch") as pool:

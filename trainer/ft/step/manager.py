@@ -79,7 +79,7 @@ class ManagerConfig:
     store_port: int = 0  # 0 = ephemeral
     device: str = "cpu"  # "cuda" -> NCCL across groups (with pinned-memory recovery staging), else gloo
     heartbeat_interval_s: float = 0.1
-    bucket_bytes: int = 25 * 1024 * 1024  # per collective, the first 1 MiB: as DDP (4 MiB cost 2.5 ms more gloo CPU)
+    bucket_bytes: int = 25 * 1024 * 1024  # per collective, the first 1 MiB: as DDP (a larger first bucket costs CPU)
     recovery_parallelism: int = 4  # concurrent chunk requests while healing
     sync_at_start: bool = True  # at step 0, copy one reference group's state before training (else trust the seed)
     # integrity (ftjob.ft.integrity.duties; the same in every group: the guard adds a collective to every step)

@@ -142,7 +142,7 @@ class FrameReader:
 
     def _message(self, opcode: int, payload: bytes) -> None:
         if opcode != OP_TEXT:
-            return  # the watch protocol has no binary messages: skipped, as before
+            return  # the watch protocol has no binary messages: skipped, never an error
         try:
             text = payload.decode()
         except UnicodeDecodeError:

@@ -44,7 +44,8 @@ __all__ = ["BadRequest", "Formed", "Member", "Outdated", "QuorumCore", "QuorumEr
 log = logging.getLogger("ftjob.lighthouse")
 # The stall rule scans every member (O(n)): checked every STALL_CHECK_FRACTION of its limit (>= 1 s), never more
 # often than STALL_CHECK_S. Detection is late by at most that fraction; at 12,500 groups the limit is >= 3.75 s
-# (3 heartbeats of 1.25 s), and scanning every 0.1 s took ~5% of the lighthouse's core in rounds, ~8% between.
+# (3 heartbeats of 1.25 s), and scanning every STALL_CHECK_S at that size would cost the lighthouse's one core a
+# noticeable share, in rounds and between them.
 STALL_CHECK_S = 0.1
 STALL_CHECK_FRACTION = 0.1
 
