@@ -1,11 +1,11 @@
 """Shared fixtures: the real local cluster from hack/cluster (brought up here if it is not running), a fresh
-namespace per test, and the kubernetes clients for it (`Kube` lives in helpers.py; re-exported here)."""
+namespace per test, and the kubernetes clients for it (`Kube` lives in tests/support/cluster.py;
+re-exported here)."""
 
 from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # lets tests import `helpers` from any directory
-
-from helpers import CLUSTER, FAILED, Kube, failed, print_pod_logs, state_dir, wait_for
+from tests.support.cluster import CLUSTER, FAILED, Kube, failed, print_pod_logs, state_dir
+from tests.support.polling import wait_for
 
 __all__ = ["Kube", "ensure_cluster"]
 

@@ -21,7 +21,7 @@ watch socket closed (a dead process) -- and joins again with a new incarnation.
 group, so at most ~9,000 groups fit the lighthouse's 20,000-descriptor limit here); ws: the request as a frame on
 the group's watch socket (one connection per group). --profile FILE runs the lighthouse under cProfile.
 
-    flock /var/tmp/ftjob-bench.lock python hack/bench/bench_controlplane.py --groups 12500 --ranks 8 --rounds 10
+    flock /var/tmp/ftjob-bench.lock python -m hack.bench.bench_controlplane --groups 12500 --ranks 8 --rounds 10
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from pathlib import Path
 from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumRequest
 from ftjob.ft.links.watch_link import link_timing
-from ws_lite import LiteSocket
+
+from hack.bench.ws_lite import LiteSocket
 
 TOKEN = "bench-token"
 OPERATOR_TOKEN = "bench-operator-token"  # the membership API's (the bench's evictions play the operator)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Failover figures of the fault-tolerance core (a benchmark, not a test): a real lighthouse and 3 replica groups of a
-tiny model (tests/trainer/test_manager_worker.py) on loopback; group "2" is the victim.
+tiny model (tests/support/manager_worker.py) on loopback; group "2" is the victim.
 
 Measured, all in this run:
   * survivors' stall per SIGKILL of the victim at random points (>= --kills), each followed by a restart + rejoin;
@@ -17,8 +17,8 @@ Measured, all in this run:
     loopback TCP (one socket into a preallocated buffer; same machine, same run), each vs that.
 Stall = the longest gap between two consecutive commits of a survivor around the event, minus its median step gap.
 
-    python hack/bench/bench_failover.py [--kills 10] [--state-mb 256] [--recovery-only]
-    python hack/bench/bench_failover.py --kills 5 --cuts 0 --stops 0 --no-recovery --torchft-rejoins 5   # rejoin only
+    python -m hack.bench.bench_failover [--kills 10] [--state-mb 256] [--recovery-only]
+    python -m hack.bench.bench_failover --kills 5 --cuts 0 --stops 0 --no-recovery --torchft-rejoins 5   # rejoin only
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-FLOOR = Path(__file__).resolve().parent / "torch_floor.py"
-sys.path.insert(0, str(REPO / "tests" / "trainer"))
+from ftjob import contract
 
-from ftjob import contract  # noqa: E402
-from test_manager_worker import Lighthouse, Worker, _wait  # noqa: E402
-from torchft_rejoin import TorchftJob, torchft_label  # noqa: E402
+from hack.bench.torchft_rejoin import TorchftJob, torchft_label
+from tests.support.local_job import Lighthouse, Worker
+from tests.support.polling import wait_for
+
+FLOOR = Path(__file__).resolve().parent / "torch_floor.py"
 
 # A short pause per step leaves CPU for a restarting group's python + torch import on a 2-core machine.
 WORKER_ARGS = ("--steps", "1000000", "--collective-timeout", "30", "--quorum-timeout", "120", "--width", "64")
@@ -86,7 +86,7 @@ class Run:
         assert code == 200
         self.survivors = [Worker(workdir, self.lh.url, g, *WORKER_ARGS) for g in ("0", "1")]
         self.victim = Worker(workdir, self.lh.url, "2", *WORKER_ARGS)
-        _wait(lambda: all(commits_after(w, 0, 20) for w in self.all()), 180, "all groups training")
+        wait_for(lambda: all(commits_after(w, 0, 20) for w in self.all()), 180, "all groups training")
 
     def all(self) -> list[Worker]:
         return [*self.survivors, self.victim]
@@ -95,8 +95,8 @@ class Run:
         """Restarts the victim; returns (spawn time, ready time, first commit time)."""
         spawned = time.time()
         self.victim = Worker(self.workdir, self.lh.url, "2", *WORKER_ARGS)
-        ready = _wait(lambda: self.victim.events("ready"), 120, "the victim to start")[0]["time"]
-        first = _wait(lambda: commit_times(self.victim), 120, "the victim's first commit")[0]
+        ready = wait_for(lambda: self.victim.events("ready"), 120, "the victim to start")[0]["time"]
+        first = wait_for(lambda: commit_times(self.victim), 120, "the victim's first commit")[0]
         return spawned, ready, first
 
     def close(self) -> None:
@@ -108,7 +108,7 @@ class Run:
 def timeline(w: Worker, spawned: float) -> dict[str, float]:
     """A restarted group's startup, phase by phase (seconds), from its own events (same clock as ``spawned``).
     Ours also says when its first quorum answered and its heal ended; torchft's (asynchronous quorum) does not."""
-    _wait(lambda: any(e["committed"] and e["contributing"] for e in w.events("step")), 120, "a contribution")
+    wait_for(lambda: any(e["committed"] and e["contributing"] for e in w.events("step")), 120, "a contribution")
     boot = w.events("boot")[0]
     ready_event = w.events("ready")[0]
     ready = ready_event["time"]
@@ -163,7 +163,7 @@ def bench_kills(run: Run, kills: int, rng: random.Random) -> tuple[dict[str, lis
         base = {w.group: median_gap(w, time.time() - 3) for w in run.survivors}
         killed_at = time.time()
         run.victim.signal(signal.SIGKILL)
-        _wait(lambda t=killed_at: all(commits_after(w, t) for w in run.survivors), 60, "survivors to go on")
+        wait_for(lambda t=killed_at: all(commits_after(w, t) for w in run.survivors), 60, "survivors to go on")
         stalls.append(max(stall_around(w, killed_at, killed_at, base[w.group]) for w in run.survivors))
         run.victim.kill()
         floor = torch_floor()
@@ -171,7 +171,7 @@ def bench_kills(run: Run, kills: int, rng: random.Random) -> tuple[dict[str, lis
             floor_phases.setdefault(phase, []).append(seconds)
         floors.append(sum(floor.values()))
         spawned, ready, first = run.restart_victim()
-        _wait(lambda f=first: all(commits_after(w, f) for w in run.survivors), 60, "survivors after the rejoin")
+        wait_for(lambda f=first: all(commits_after(w, f) for w in run.survivors), 60, "survivors after the rejoin")
         rejoins.append(first - ready)
         spawn_to_commit.append(first - spawned)
         rejoin_stalls.append(max(stall_around(w, ready, first, base[w.group]) for w in run.survivors))
@@ -215,7 +215,7 @@ def bench_torchft_rejoins(workdir: Path, rejoins: int, rng: random.Random) -> di
         while len(phases.get("first commit", [])) < rejoins and kills < 3 * rejoins:
             if job is None:
                 job = TorchftJob(workdir, ["0", "1", "2"])
-                _wait(lambda j=job: all(commits_after(w, 0, 20) for w in j.groups.values()), 180, "torchft training")
+                wait_for(lambda j=job: all(commits_after(w, 0, 20) for w in j.groups.values()), 180, "torchft training")
                 print("[bench] torchft: 3 groups training; group 2 is the victim", flush=True)
             survivors = [job.groups["0"], job.groups["1"]]
             time.sleep(rng.uniform(0.2, 1.0))
@@ -223,7 +223,7 @@ def bench_torchft_rejoins(workdir: Path, rejoins: int, rng: random.Random) -> di
             job.groups["2"].kill()
             kills += 1
             try:  # every survivor commits on, or one of them died (then at once)
-                _wait(lambda t=killed_at, s=survivors: all(commits_after(w, t) for w in s)
+                wait_for(lambda t=killed_at, s=survivors: all(commits_after(w, t) for w in s)
                       or any(w.proc.poll() is not None for w in s), 60, "torchft survivors")  # fmt: skip
             except AssertionError:
                 pass  # stuck: reported below
@@ -285,7 +285,7 @@ def bench_silent_cut(run: Run, evict: bool, rounds: int) -> list[float]:
         if evict:
             code, body = run.lh.request("POST", contract.PATH_EVICT, {"groups": ["2"], "reason": "bench cut-off"})
             assert code == 200, body
-        _wait(lambda t=cut_at: all(commits_after(w, t) for w in run.survivors), 120, "survivors to go on")
+        wait_for(lambda t=cut_at: all(commits_after(w, t) for w in run.survivors), 120, "survivors to go on")
         stalls.append(max(stall_around(w, cut_at, cut_at, base[w.group]) for w in run.survivors))
         run.victim.kill()
         run.restart_victim()

@@ -7,7 +7,7 @@ Relay latency = from rank 0's lighthouse client thread forwarding an abort (Link
 watch socket delivers it) to the rank's on_abort callback (which wakes its pending collective), both read from
 CLOCK_MONOTONIC (one clock for every process of a machine). Measured for a group of 2 and of 8 ranks.
 
-    python hack/bench/bench_group_link.py [--relays 100] [--ranks 2 8]
+    python -m hack.bench.bench_group_link [--relays 100] [--ranks 2 8]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ replica groups, measured in this run.
               aiohttp client process; round = first request sent -> last answer received. Heartbeats: POST
               /v1/heartbeat with 128 in flight. (The client shares the machine's cores with the lighthouse.)
 
-    python hack/bench/bench_lighthouse.py [--groups 1000 12500] [--http-groups 1000 12500] [--rounds 5]
+    python -m hack.bench.bench_lighthouse [--groups 1000 12500] [--http-groups 1000 12500] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ import time
 from pathlib import Path
 
 import aiohttp
+from ftjob import contract
+from ftjob.lighthouse.core.quorum import QuorumCore
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "trainer"))
-
-from ftjob import contract  # noqa: E402
-from ftjob.lighthouse.core.quorum import QuorumCore  # noqa: E402
-from test_manager_worker import Lighthouse  # noqa: E402
+from tests.support.local_job import Lighthouse
 
 
 def request(group: int, step: int, quorum_id: int) -> dict:

@@ -11,8 +11,9 @@ over N kills of a contributing group's trainer process (SIGKILL), without and wi
 Scale: a 1,024-pod job (128 groups x 8 ranks, pods run `sleep`): job created -> every pod exists.
 Goals: (a) <= 1 s, (b) <= 1 s, (c) <= 10 s (<= 2 s with a spare), 1,024 pods <= 30 s.
 
-Run: `hack/bench/bench_operator.py [--kills 20] [--omp-threads 1] [--skip-scale] [--schedule-scale-pods]`. Needs
-root (it kills pod processes in their network namespaces) and takes ~10-15 minutes for 20 kills per variant.
+Run from the repo root:
+`python -m hack.bench.bench_operator [--kills 20] [--omp-threads 1] [--skip-scale] [--schedule-scale-pods]`.
+Needs root (it kills pod processes in their network namespaces) and takes ~10-15 minutes for 20 kills per variant.
 """
 
 from __future__ import annotations
@@ -28,14 +29,12 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "operator")]
+from ftjob import contract
+from ftjob.contract.lighthouse_api import MemberStatus, StatusResponse
+from kubernetes import client, config, watch
 
-from ftjob import contract  # noqa: E402
-from ftjob.contract.lighthouse_api import MemberStatus, StatusResponse  # noqa: E402
-from helpers import CLUSTER, kubectl, state_dir, wait_for  # noqa: E402
-from kubernetes import client, config, watch  # noqa: E402
-from opkit import (  # noqa: E402
+from tests.support.cluster import CLUSTER, kubectl, state_dir
+from tests.support.operator_cluster import (
     CRD,
     create_job,
     job_manifest,
@@ -43,6 +42,7 @@ from opkit import (  # noqa: E402
     lighthouse_status,
     start_operator,
 )
+from tests.support.polling import wait_for
 
 TRAIN = ["ftjob-trainer", "train", "--model", "tiny", "--steps", "1000000", "--corpus-bytes", "262144",
          "--batch-size", "4", "--log-every", "100"]  # fmt: skip

@@ -27,7 +27,7 @@ process and each thread by name (MainThread trains; ours' lighthouse-client-* th
 requests; gloo's and torch's own threads carry their kernel names), measured from the end of the first step on,
 plus the CPU of the run's other processes (the lighthouse), start-up included.
 
-  $(hack/lib/python-env.sh)/bin/python hack/bench/bench_trainer.py [--steps 40] [--rounds 3] [--model small]
+  $(hack/lib/python-env.sh)/bin/python -m hack.bench.bench_trainer [--steps 40] [--rounds 3] [--model small]
       [--metrics on|off|both] [--guard on|off|both] [--sketch on|off] [--skip-torchft]
 """
 
@@ -47,13 +47,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddp_baseline import run_ddp
 from ftjob import cli, contract
 from ftjob.ft.integrity.digest import local_digest, replica_tensors
 from ftjob.ft.integrity.duties import DEFAULT_DIGEST_EVERY
 from ftjob.ft.integrity.guard import DEFAULT_SKETCH
 from ftjob.ft.records import CommitRecord, read_run_dir
 from ftjob.gpt.config import TrainConfig
+
+from hack.bench.ddp_baseline import run_ddp
 
 HAVE_TORCHFT = importlib.util.find_spec("torchft") is not None
 # Ours vs DDP, max |parameter difference|. Rounding alone reaches this far: DDP itself with 4 MiB instead of 25 MiB
@@ -229,10 +230,7 @@ def run_plain_ddp(work: Path, a: argparse.Namespace) -> Run:
 
 
 def run_torchft(work: Path, a: argparse.Namespace) -> Run:
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:  # run other than as a script (runpy, an import): torchft_runner is next to this file
-        sys.path.insert(0, here)
-    import torchft_runner  # only imported when torchft is
+    from hack.bench import torchft_runner  # only imported when torchft is
 
     cfg = TrainConfig(model=a.model, steps=a.steps, batch_size=a.batch_size, log_every=max(a.steps // 4, 1))
     cpu_before = children_cpu_s()
@@ -338,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"[bench] ftjob ÷ DDP step time: {ratio:.3f} (target <= 1.02; medians of {a.rounds} interleaved rounds)")
     if tft:
-        from torchft_rejoin import torchft_label  # next to this file, as torchft_runner (on sys.path by now)
+        from hack.bench.torchft_rejoin import torchft_label
 
         figures["torchft"] = torchft_label()
         print(

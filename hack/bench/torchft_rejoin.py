@@ -124,7 +124,8 @@ class TorchftJob:
 
     def __init__(self, workdir: Path, groups: list[str]) -> None:
         from ftjob.launch.procs import free_port
-        from torchft_runner import _wait_listening
+
+        from hack.bench.torchft_runner import wait_listening
 
         self.workdir = workdir
         self.env = {"OMP_NUM_THREADS": "1"}
@@ -136,18 +137,18 @@ class TorchftJob:
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
         )
-        _wait_listening(port, self.lighthouse, log)
+        wait_listening(port, self.lighthouse, log)
         self.url = f"http://127.0.0.1:{port}"
         self.groups = {g: self.start(g) for g in groups}
 
     def start(self, group: str) -> Any:
-        """A torchft group read like ours: test_manager_worker.Worker (events, kill) on this file's worker."""
-        from test_manager_worker import Worker
+        """A torchft group read like ours: tests.support.local_job.Worker (events, kill) on this file's worker."""
+        from tests.support.local_job import Worker
 
         return Worker(self.workdir, self.url, group, env=self.env, command=[sys.executable, __file__, "worker"])
 
     def close(self) -> None:
-        from torchft_runner import _stop
+        from hack.bench.torchft_runner import _stop
 
         _stop([w.proc for w in self.groups.values()] + [self.lighthouse])
 

@@ -29,13 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddp_baseline import add_config_flags, config_argv, config_from_flags
 from ftjob.ft.integrity.digest import digest_of, full_params
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.data import Corpus, SampleSource, shard_range
 from ftjob.gpt.model import build_model
 from ftjob.gpt.train import CpuMeter, forward_backward, lr_at, make_optimizer, set_lr
 from ftjob.launch.procs import free_port
+
+from hack.bench.ddp_baseline import add_config_flags, config_argv, config_from_flags
+from tests.support.paths import importable_env
+from tests.support.polling import StopWaiting, wait_for
 
 # The bound the bench uses for our side's collectives (TrainConfig.collective_timeout_s); quorum and connect
 # timeouts stay at torchft's defaults (60 s, like our quorum timeout).
@@ -166,20 +169,20 @@ class TorchftResult:
 
 
 def _script(*args: str) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), *args]
+    """This module as a child (with `importable_env`: it imports hack.bench)."""
+    return [sys.executable, "-m", "hack.bench.torchft_runner", *args]
 
 
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 30.0) -> None:
+    """Until the torchft lighthouse ``proc`` accepts connections on ``port``; fails at once if it exits."""
+
+    def listening() -> bool:
         if proc.poll() is not None:
-            raise RuntimeError(f"the torchft lighthouse exited ({proc.returncode}):\n{_tail(log)}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"the torchft lighthouse did not listen on port {port} within {timeout_s:.0f} s")
+            raise StopWaiting(f"the torchft lighthouse exited ({proc.returncode}):\n{_tail(log)}")
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+
+    wait_for(listening, timeout_s, f"the torchft lighthouse to listen on port {port}", interval=0.05)
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -209,7 +212,8 @@ def run_torchft(cfg: TrainConfig, groups: int, out: Path, timeout_s: float = 600
     Group 0's output (its progress lines) goes to this process's stdout; every process also logs to ``out``.
     """
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one OpenMP thread from the start, as our launcher's ranks
+    # one OpenMP thread from the start, as our launcher's ranks
+    env = importable_env({**os.environ, "OMP_NUM_THREADS": "1"})
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     try:
@@ -223,7 +227,7 @@ def run_torchft(cfg: TrainConfig, groups: int, out: Path, timeout_s: float = 600
             stderr=subprocess.STDOUT,
         )
         procs.append(lh)
-        _wait_listening(port, lh, lh_log)
+        wait_listening(port, lh, lh_log)
         args = [
             f"--groups={groups}",
             f"--lighthouse=http://127.0.0.1:{port}",

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import yaml
 from ftjob import contract
-from helm_tools import CHART
-from helpers import REPO
+
+from tests.support.helm import CHART
+from tests.support.paths import REPO
 
 SOURCE = REPO / "crds"
 COPY = CHART / "crds"

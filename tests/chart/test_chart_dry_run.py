@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from chart_fixtures import scratch_namespace
-from helm_tools import CHART, ok, render, set_args
+
+from tests.support.chart_releases import scratch_namespace
+from tests.support.helm import CHART, ok, render, set_args
 
 pytestmark = pytest.mark.cluster
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from ftjob import contract
-from helm_tools import CHART, ok, render, set_args
+
+from tests.support.helm import CHART, ok, render, set_args
 
 MODES = {
     "defaults": {},

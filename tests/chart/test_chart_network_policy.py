@@ -5,7 +5,8 @@ namespace; networkPolicy.metricsFrom lets a scraper reach the /metrics ports and
 from __future__ import annotations
 
 from ftjob import contract
-from helm_tools import render
+
+from tests.support.helm import render
 
 SCRAPER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 

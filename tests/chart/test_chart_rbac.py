@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from chart_fixtures import Release, helm_release, scratch_namespace
-from helm_tools import ok, run
+
+from tests.support.chart_releases import Release, helm_release, scratch_namespace
+from tests.support.helm import ok, run
 
 pytestmark = pytest.mark.cluster
 

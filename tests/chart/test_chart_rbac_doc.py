@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from helm_tools import render
-from helpers import REPO
+from tests.support.helm import render
+from tests.support.paths import REPO
 
 RBAC_DOC = REPO / "operator" / "RBAC.md"
 # RBAC.md's notes: with OwnerReferencesPermissionEnforcement on, blockOwnerDeletion needs this. We grant it so the

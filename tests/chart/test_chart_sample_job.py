@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from chart_fixtures import helm_release
 from ftjob import contract
-from helm_tools import ok
-from helpers import REPO, TRAINER_IMAGE, wait_for
+
+from tests.support.chart_releases import helm_release
+from tests.support.cluster import TRAINER_IMAGE
+from tests.support.helm import ok
+from tests.support.paths import REPO
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from helm_tools import CHART, run
+
+from tests.support.helm import CHART, run
 
 # (values, a fragment the error must contain so the user knows what to fix)
 BAD_VALUES = {

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helm_tools import CHART, render
+
+from tests.support.helm import CHART, render
 
 DASHBOARD = CHART / "dashboards" / "ftjob.json"
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import Kube, kubectl, wait_for
 from kubernetes import client
+
+from tests.support.cluster import Kube, kubectl
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

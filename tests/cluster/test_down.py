@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import BASE_IMAGE, cluster, kubectl, wait_for
+
+from tests.support.cluster import BASE_IMAGE, cluster, kubectl
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -7,9 +7,19 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from helpers import Kube, cluster, node_names, wait_for
 from kubernetes import client
-from podspecs import ECHO_SERVER, SLEEPER, describe_pods, python_pod, running_ip, tcp_probe_script, wait_exit_code
+
+from tests.support.cluster import Kube, cluster, node_names
+from tests.support.podspecs import (
+    ECHO_SERVER,
+    SLEEPER,
+    describe_pods,
+    python_pod,
+    running_ip,
+    tcp_probe_script,
+    wait_exit_code,
+)
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

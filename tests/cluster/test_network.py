@@ -5,9 +5,11 @@ outside the cluster resolving."""
 from __future__ import annotations
 
 import pytest
-from helpers import Kube, node_names, wait_for
 from kubernetes import client
-from podspecs import ECHO_SERVER, describe_pods, python_pod, running_ip, tcp_probe_script, wait_exit_code
+
+from tests.support.cluster import Kube, node_names
+from tests.support.podspecs import ECHO_SERVER, describe_pods, python_pod, running_ip, tcp_probe_script, wait_exit_code
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

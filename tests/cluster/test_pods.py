@@ -5,9 +5,11 @@ device plugin."""
 from __future__ import annotations
 
 import pytest
-from helpers import OPERATOR_IMAGE, TRAINER_IMAGE, Kube, kubectl, node_names, wait_for
 from kubernetes import client
-from podspecs import SLEEPER, describe_pods, python_pod, running_ip, wait_exit_code
+
+from tests.support.cluster import OPERATOR_IMAGE, TRAINER_IMAGE, Kube, kubectl, node_names
+from tests.support.podspecs import SLEEPER, describe_pods, python_pod, running_ip, wait_exit_code
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

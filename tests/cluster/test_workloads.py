@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from helpers import Kube, wait_for
 from kubernetes import client
-from podspecs import IMAGE, SLEEPER, describe_pods, python_pod, wait_exit_code
+
+from tests.support.cluster import Kube
+from tests.support.podspecs import IMAGE, SLEEPER, describe_pods, python_pod, wait_exit_code
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from helpers import REPO
+from tests.support.paths import REPO
 
 SCRIPT = REPO / "hack" / "lib" / "python-env.sh"
 

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # podfactory / opkit importable from any directory
-
-from helpers import Kube, cluster, failed, kubectl, node_names, wait_for
 from kubernetes import client
-from opkit import CRD, OperatorProc, set_unschedulable, start_operator
-from trainkit import RECORDS_ROOT, run_summary
+
+from tests.support.cluster import Kube, cluster, failed, kubectl, node_names
+from tests.support.operator_cluster import CRD, OperatorProc, set_unschedulable, start_operator
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import RECORDS_ROOT, run_summary
 
 
 @pytest.fixture(scope="session")

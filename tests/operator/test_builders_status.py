@@ -14,7 +14,8 @@ from ftjob.operator.runtime.settings import parse
 from ftjob.operator.state.job_spec import JobSpec
 from ftjob.operator.state.job_state import GroupState, PodView
 from ftjob.operator.state.status import build_status, state_from_status, status_events
-from podfactory import JOB, healthy_job, spec, worker
+
+from tests.support.podfactory import JOB, healthy_job, spec, worker
 
 NOW = 2_000_000.0
 

@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import REPO, kubectl
 from kubernetes import client
-from opkit import create_job, job_manifest, patch_job
+
+from tests.support.cluster import kubectl
+from tests.support.operator_cluster import create_job, job_manifest, patch_job
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.cluster
 

@@ -18,7 +18,8 @@ from ftjob.operator.resources import manifests as builders
 from ftjob.operator.state import names
 from ftjob.operator.state.job_state import GroupState, JobState, PodView
 from kubernetes.client.rest import ApiException
-from podfactory import JOB, healthy_job, spec, worker
+
+from tests.support.podfactory import JOB, healthy_job, spec, worker
 
 NOW = 1_000_000.0
 NODES = {"node-1": True, "node-2": True}

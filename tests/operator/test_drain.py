@@ -15,10 +15,20 @@ import pytest
 from ftjob import contract
 from ftjob.operator.resources.manifests import HOSTNAME_LABEL
 from ftjob.operator.state import names
-from helpers import kubectl, wait_for
 from kubernetes import client
-from opkit import condition, create_job, get_job, lighthouse_status, patch_job, running_groups, set_unschedulable
-from trainkit import check_run, training_job
+
+from tests.support.cluster import kubectl
+from tests.support.operator_cluster import (
+    condition,
+    create_job,
+    get_job,
+    lighthouse_status,
+    patch_job,
+    running_groups,
+    set_unschedulable,
+)
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import check_run, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -8,8 +8,9 @@ import re
 
 import pytest
 from ftjob import contract
-from helpers import kubectl, wait_for
-from opkit import (
+
+from tests.support.cluster import kubectl
+from tests.support.operator_cluster import (
     condition,
     create_job,
     get_job,
@@ -19,7 +20,8 @@ from opkit import (
     pod_log,
     running_groups,
 )
-from trainkit import TINY_MODEL_INTEGRITY
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import TINY_MODEL_INTEGRITY
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

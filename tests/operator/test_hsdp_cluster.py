@@ -16,10 +16,20 @@ import pytest
 import yaml
 from ftjob.ft.records import read_run_dir
 from ftjob.launch.run_records import group_timeline, rejoin_seconds
-from helpers import REPO, TRAINER_IMAGE, container_pids, wait_for
 from kubernetes import client
-from opkit import condition, create_job, get_job, kill_pod_processes, lighthouse_status, running_groups
-from trainkit import check_run
+
+from tests.support.cluster import TRAINER_IMAGE, container_pids
+from tests.support.operator_cluster import (
+    condition,
+    create_job,
+    get_job,
+    kill_pod_processes,
+    lighthouse_status,
+    running_groups,
+)
+from tests.support.paths import REPO
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import check_run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -20,7 +20,8 @@ from ftjob.operator.state import names
 from ftjob.operator.state.job_spec import JobSpec
 from ftjob.operator.state.job_state import GroupState, JobState
 from ftjob.operator.state.status import build_status, state_from_status
-from podfactory import JOB, healthy_job, spec, worker
+
+from tests.support.podfactory import JOB, healthy_job, spec, worker
 
 NOW = 3_000_000.0
 NODES = {"node-1": True, "node-2": True}

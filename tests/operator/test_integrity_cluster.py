@@ -16,10 +16,19 @@ from typing import Any
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AuditRecord
-from helpers import wait_for
 from kubernetes import client, watch
-from opkit import condition, create_job, dropped_reasons, get_job, job_manifest, lighthouse_status, running_groups
-from trainkit import check_run, training_job
+
+from tests.support.operator_cluster import (
+    condition,
+    create_job,
+    dropped_reasons,
+    get_job,
+    job_manifest,
+    lighthouse_status,
+    running_groups,
+)
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import check_run, training_job
 
 pytestmark = pytest.mark.cluster
 

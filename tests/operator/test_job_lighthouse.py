@@ -12,7 +12,8 @@ from ftjob.operator.lighthouse.client import endpoint
 from ftjob.operator.planning.plan import Observed, Result, plan
 from ftjob.operator.reconcile.job_reconciler import JobWorker
 from ftjob.operator.state.job_state import JobState
-from podfactory import JOB, spec
+
+from tests.support.podfactory import JOB, spec
 
 BASE = endpoint("10.0.0.9")
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from ftjob import contract
-from helpers import cluster, kubectl, wait_for
 from kubernetes import client
-from opkit import (
+
+from tests.support.cluster import cluster, kubectl
+from tests.support.operator_cluster import (
     condition,
     create_job,
     dropped_reasons,
@@ -18,6 +19,7 @@ from opkit import (
     running_groups,
     worker_pods,
 )
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -15,9 +15,18 @@ from typing import Any
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import DroppedEvent, StatusResponse
-from helpers import kubectl, wait_for
-from opkit import condition, create_job, get_job, lighthouse_pod, lighthouse_status, running_groups
-from trainkit import check_run, training_job
+
+from tests.support.cluster import kubectl
+from tests.support.operator_cluster import (
+    condition,
+    create_job,
+    get_job,
+    lighthouse_pod,
+    lighthouse_status,
+    running_groups,
+)
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import check_run, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

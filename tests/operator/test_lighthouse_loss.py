@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import QuorumEvent
-from helpers import cluster, wait_for
-from opkit import (
+
+from tests.support.cluster import cluster
+from tests.support.operator_cluster import (
     condition,
     create_job,
     get_job,
@@ -25,7 +26,8 @@ from opkit import (
     running_groups,
     set_unschedulable,
 )
-from trainkit import check_run, commit_gaps, training_job
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import check_run, commit_gaps, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

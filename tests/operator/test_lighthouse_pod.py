@@ -13,8 +13,9 @@ from ftjob.operator.resources import manifests as builders
 from ftjob.operator.state.job_spec import JobSpec
 from ftjob.operator.state.job_state import PodView
 from ftjob.operator.state.status import REASON_LIGHTHOUSE_NOT_RUNNING, build_status
-from podfactory import JOB, healthy_job, lighthouse, spec
 from test_plan import NOW, run, steady
+
+from tests.support.podfactory import JOB, healthy_job, lighthouse, spec
 
 # Pod Security Admission's `restricted` profile (which includes `baseline`): the volume types it allows, the one
 # capability a container may add, the sysctls baseline calls safe.

@@ -13,10 +13,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_for
 from kubernetes import client
-from opkit import condition, create_job, get_job, lighthouse_status, patch_job, running_groups, set_unschedulable
-from trainkit import check_run, commit_gaps, training_job
+
+from tests.support.operator_cluster import (
+    condition,
+    create_job,
+    get_job,
+    lighthouse_status,
+    patch_job,
+    running_groups,
+    set_unschedulable,
+)
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import check_run, commit_gaps, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -10,7 +10,8 @@ from ftjob.operator.planning.node_health import NodeFailureTracker, NodeHealthPo
 from ftjob.operator.planning.plan import PHASE_RUNNING, Observed, Result, plan
 from ftjob.operator.state import names
 from ftjob.operator.state.job_state import OUTCOME_FAILED, JobState
-from podfactory import JOB, healthy_job, lighthouse, spec, worker
+
+from tests.support.podfactory import JOB, healthy_job, lighthouse, spec, worker
 
 NOW = 1_000_000.0
 NODES = {"node-1": True, "node-2": True}

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import pytest
 from ftjob import contract
-from helpers import cluster, wait_for
 from kubernetes import client
-from opkit import create_job, get_job, job_manifest, patch_job, running_groups, set_unschedulable
+
+from tests.support.cluster import cluster
+from tests.support.operator_cluster import (
+    create_job,
+    get_job,
+    job_manifest,
+    patch_job,
+    running_groups,
+    set_unschedulable,
+)
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

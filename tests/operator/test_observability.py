@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 from ftjob import contract
-from helpers import wait_for
-from opkit import condition, create_job, get_job, kill_pod_processes, running_groups
 from prometheus_client.parser import text_string_to_metric_families
-from trainkit import check_run, training_job
+
+from tests.support.operator_cluster import condition, create_job, get_job, kill_pod_processes, running_groups
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import check_run, training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -13,8 +13,9 @@ from ftjob.operator.kubectl import status_view
 from ftjob.operator.resources import manifests as builders
 from ftjob.operator.state.job_spec import JobSpec
 from ftjob.operator.state.job_state import GroupState
-from helpers import REPO
-from podfactory import JOB, spec
+
+from tests.support.paths import REPO
+from tests.support.podfactory import JOB, spec
 
 TRAINER = {"name": "trainer", "image": "img", "command": ["python", "train.py"], "args": ["--steps", "10"]}
 

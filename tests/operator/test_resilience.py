@@ -8,9 +8,10 @@ import threading
 
 import pytest
 from ftjob import contract
-from helpers import wait_for
 from kubernetes import client, watch
-from opkit import create_job, get_job, job_manifest, running_groups, worker_pods
+
+from tests.support.operator_cluster import create_job, get_job, job_manifest, running_groups, worker_pods
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -4,10 +4,11 @@ builds it, and worker pods from a compliant template. The job trains to Succeede
 from __future__ import annotations
 
 import pytest
-from helpers import wait_for
 from kubernetes import client
-from opkit import condition, create_job, get_job, job_manifest, lighthouse_pod
-from trainkit import TINY_MODEL_INTEGRITY
+
+from tests.support.operator_cluster import condition, create_job, get_job, job_manifest, lighthouse_pod
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import TINY_MODEL_INTEGRITY
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -27,8 +27,9 @@ from ftjob.operator.resources import manifests as builders
 from ftjob.operator.state import names
 from ftjob.operator.state.job_spec import JobSpec
 from ftjob.operator.state.job_state import JobState, PodView
-from podfactory import JOB, healthy_job, lighthouse, spec, worker
 from test_job_lighthouse import BASE, FakeLighthouse, first_reconcile, job_worker
+
+from tests.support.podfactory import JOB, healthy_job, lighthouse, spec, worker
 
 NOW = 1_000_000.0
 NODES = {"node-1": True, "node-2": True}

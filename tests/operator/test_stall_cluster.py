@@ -5,9 +5,18 @@ the survivor keeps committing, and the operator replaces the frozen group alone,
 from __future__ import annotations
 
 import pytest
-from helpers import cluster, wait_for
-from opkit import create_job, dropped_reasons, get_job, job_manifest, lighthouse_status, running_groups
-from trainkit import TINY_MODEL_INTEGRITY
+
+from tests.support.cluster import cluster
+from tests.support.operator_cluster import (
+    create_job,
+    dropped_reasons,
+    get_job,
+    job_manifest,
+    lighthouse_status,
+    running_groups,
+)
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import TINY_MODEL_INTEGRITY
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

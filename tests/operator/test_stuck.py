@@ -7,8 +7,9 @@ from ftjob.operator.lighthouse.view import LighthouseView
 from ftjob.operator.planning.stuck import group_blocker, job_blocker
 from ftjob.operator.state.job_state import PodView
 from ftjob.operator.state.status import build_status
-from podfactory import JOB, healthy_job, spec, worker
 from test_plan import NOW, run, steady
+
+from tests.support.podfactory import JOB, healthy_job, spec, worker
 
 UNSCHEDULABLE = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available"
 

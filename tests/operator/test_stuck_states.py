@@ -4,10 +4,19 @@ reach the job's Degraded condition, status.reason (a column of `kubectl get ftj`
 from __future__ import annotations
 
 import pytest
-from helpers import cluster, kubectl, wait_for
 from kubernetes import client
-from opkit import condition, create_job, get_job, job_manifest, lighthouse_status, running_groups
 from test_e2e_training import TRAIN
+
+from tests.support.cluster import cluster, kubectl
+from tests.support.operator_cluster import (
+    condition,
+    create_job,
+    get_job,
+    job_manifest,
+    lighthouse_status,
+    running_groups,
+)
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

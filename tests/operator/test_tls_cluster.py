@@ -17,10 +17,19 @@ from ftjob import contract
 from ftjob.contract import pki
 from ftjob.contract.tls import NamedHTTPSConnection, client_context
 from ftjob.operator.state import names
-from helpers import wait_for
 from kubernetes import client
-from opkit import condition, create_job, get_job, job_manifest, lighthouse_pod, lighthouse_status, patch_job
-from trainkit import check_run, training_job
+
+from tests.support.operator_cluster import (
+    condition,
+    create_job,
+    get_job,
+    job_manifest,
+    lighthouse_pod,
+    lighthouse_status,
+    patch_job,
+)
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import check_run, training_job
 
 pytestmark = pytest.mark.cluster
 

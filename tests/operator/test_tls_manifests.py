@@ -23,7 +23,8 @@ from ftjob.operator.lighthouse.client import LighthouseClient, LighthouseEndpoin
 from ftjob.operator.resources import manifests as builders
 from ftjob.operator.state import names
 from ftjob.operator.state.job_state import GroupState
-from podfactory import JOB, spec
+
+from tests.support.podfactory import JOB, spec
 
 TOKEN = "operator-tls-token"
 WORKER_TOKEN = "worker-tls-token"

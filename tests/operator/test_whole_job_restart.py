@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from ftjob.ft.records import CommitRecord, FinishedRecord, StartRecord, read_run_dir
 from ftjob.launch.run_records import sample_coverage
-from helpers import wait_for
-from opkit import condition, create_job, get_job, lighthouse_status, patch_job, worker_pods
-from trainkit import training_job
+
+from tests.support.operator_cluster import condition, create_job, get_job, lighthouse_status, patch_job, worker_pods
+from tests.support.polling import wait_for
+from tests.support.trainer_runs import training_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from helm_tools import CHART, ok, release_name, run, service_account, set_args
-from helpers import OPERATOR_IMAGE
 from kubernetes import client
+
+from tests.support.cluster import OPERATOR_IMAGE
+from tests.support.helm import CHART, ok, release_name, run, service_account, set_args
 
 
 @dataclass

@@ -1,28 +1,23 @@
-"""Helpers every test may use: polling with a deadline (never bare sleeps) and calling the cluster tools."""
+"""The local cluster from hack/cluster: its clients, the images it runs, `hack/cluster` and kubectl, and what a failed
+cluster test leaves to read."""
 
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from kubernetes import client
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+
 CLUSTER = REPO / "hack" / "cluster"
 # The images hack/cluster builds and imports into every node; `:dev` always names the checkout's current build.
 TRAINER_IMAGE = "ftjob.local/ftjob-trainer:dev"
 OPERATOR_IMAGE = "ftjob.local/ftjob-operator:dev"
 BASE_IMAGE = "ftjob.local/debian-python:bookworm"  # Debian + python3 (as `python`), runs as root
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -35,54 +30,6 @@ class Kube:
     apps: client.AppsV1Api
     rbac: client.RbacAuthorizationV1Api
     custom: client.CustomObjectsApi
-
-
-def free_port() -> int:
-    """A free loopback port for a process to bind later, chosen below the kernel's ephemeral range (32768 up), so the
-    many connections a test opens meanwhile cannot take it (binding port 0 would pick from that range)."""
-    for _ in range(1000):
-        port = random.randint(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port between 20000 and 32000")
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    timeout: float,
-    what: str,
-    interval: float = 0.2,
-    describe: Callable[[], object] | None = None,
-) -> T:
-    """Poll `predicate` until it returns something truthy and return that; fail after `timeout` seconds.
-
-    An exception inside the predicate counts as "not yet" (the API may be briefly unavailable); the last value or
-    exception is reported in the failure so it says what was seen instead of what was wanted; `describe`, if
-    given, adds more of the state (e.g. pod phases and events) to that message.
-    """
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value
-            last = value
-        except Exception as e:  # a transient API error is a "not yet", never a pass
-            last = e
-        if time.monotonic() >= deadline:
-            context = ""
-            if describe is not None:
-                try:
-                    context = f"; state: {describe()}"
-                except Exception as e:
-                    context = f"; describing the state failed: {e!r}"
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}{context}")
-        time.sleep(interval)  # the poll interval of a deadline loop, not synchronisation
 
 
 def state_dir() -> Path:

@@ -8,7 +8,9 @@ from functools import cache
 from pathlib import Path
 
 import yaml
-from helpers import CLUSTER, REPO
+
+from tests.support.cluster import CLUSTER
+from tests.support.paths import REPO
 
 CHART = REPO / "charts" / "ftjob-operator"
 

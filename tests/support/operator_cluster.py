@@ -19,8 +19,12 @@ from ftjob.contract import pki
 from ftjob.contract.lighthouse_api import DroppedEvent, StatusResponse
 from ftjob.contract.tls import NamedHTTPSConnection, client_context
 from ftjob.operator.state import names
-from helpers import REPO, TRAINER_IMAGE, container_pids, free_port, wait_for
 from kubernetes import client
+
+from tests.support.cluster import TRAINER_IMAGE, container_pids
+from tests.support.paths import REPO
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
 
 CRD = REPO / "crds" / "ftjob.dev_faulttoleranttrainingjobs.yaml"
 OPERATOR = Path(sys.executable).parent / "ftjob-operator"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from helpers import BASE_IMAGE, wait_for
 from kubernetes import client
+
+from tests.support.cluster import BASE_IMAGE
+from tests.support.polling import wait_for
 
 IMAGE = BASE_IMAGE
 

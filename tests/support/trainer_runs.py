@@ -11,7 +11,8 @@ from typing import Any
 
 from ftjob.ft.records import CommitRecord, FinishedRecord, StartRecord, read_run_dir
 from ftjob.launch.run_records import sample_coverage
-from opkit import job_manifest
+
+from tests.support.operator_cluster import job_manifest
 
 RECORDS_ROOT = Path("/var/tmp/ftjob-test-records")
 # The tiny model at batch 4 has heavy-tailed gradient norms: a healthy group was refused at 133x the others' median

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ftjob.ft import checkpoint
 from ftjob.launch.report import LaunchReport
-from launch_helpers import assert_clean, launch, starts
+
+from tests.support.launch_runs import assert_clean, launch, starts
 
 FLAGS = ["--replicas=2", "--min-replicas=2", "--checkpoint-every=10", "--batch-size=4"]
 

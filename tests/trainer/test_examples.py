@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from ftjob.launch.report import LaunchReport
-from helpers import REPO
-from launch_helpers import assert_clean, launch, starts
+
+from tests.support.launch_runs import assert_clean, launch, starts
+from tests.support.paths import REPO
 
 PY = sys.executable
 CASES = str(Path(__file__).parent / "loops" / "mlp_cases.py")

@@ -20,9 +20,10 @@ from ftjob.contract.lighthouse_api import DroppedEvent
 from ftjob.ft.links.control_plane import ControlPlane
 from ftjob.ft.links.group_link import LinkClient, LinkServer
 from ftjob.ft.step.manager import ManagerConfig
-from helpers import wait_for
 from test_manager_hsdp import TIMEOUT, start_group
-from test_manager_worker import Lighthouse, Worker
+
+from tests.support.local_job import Lighthouse, Worker
+from tests.support.polling import wait_for
 
 TOKEN = "link-token"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch_helpers import assert_clean, commits, launch
+from tests.support.launch_runs import assert_clean, commits, launch
 
 # Steps padded to 0.7 s: the two-rank victim restarts well before the survivor could finish alone.
 STEPS, KILL_AT = 60, 8

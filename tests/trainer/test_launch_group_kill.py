@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch_helpers import assert_clean, commits, launch
+from tests.support.launch_runs import assert_clean, commits, launch
 
 # Each step is padded to PACE seconds so the survivors cannot finish before the victim has restarted (a process
 # start takes ~5-25 s on a loaded 2-core machine); the run needs STEPS * PACE seconds at least.

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 from ftjob.launch.report import LaunchReport
-from launch_helpers import assert_clean, commits, launch
+
+from tests.support.launch_runs import assert_clean, commits, launch
 
 # Each step is padded to PACE seconds so the survivors are still training when the evicted group's replacement has
 # started (a process start takes ~5-25 s on a loaded 2-core machine).

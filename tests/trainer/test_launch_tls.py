@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftjob.contract import pki
-from launch_helpers import assert_clean, commits, launch
+
+from tests.support.launch_runs import assert_clean, commits, launch
 
 # paced so that the survivor is still training when the victim is back (test_launch_group_kill.py explains)
 STEPS, KILL_AT, RESTART_DELAY, PACE = 80, 10, 2.0, 0.5

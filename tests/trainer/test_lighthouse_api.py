@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from ftjob import contract
-from test_manager_worker import Lighthouse
+
+from tests.support.local_job import Lighthouse
 
 
 def quorum_body(group: str, step: int = 0, **extra: object) -> dict:

@@ -18,7 +18,8 @@ from ftjob.contract.lighthouse_api import AuditRecord
 from ftjob.lighthouse.audit_trail import AUDIT_LOGGER, FOLD_WINDOW_S, RING_LEN, AuditTrail, configure_audit_logging
 from prometheus_client import CollectorRegistry, Counter
 from test_lighthouse_api import quorum_body
-from test_manager_worker import Lighthouse
+
+from tests.support.local_job import Lighthouse
 
 PEER = "127.0.0.1"
 

@@ -21,9 +21,10 @@ from ftjob.contract.lighthouse_api import AuditRecord, StatusResponse
 from ftjob.launch.config import add_launch_flags, config_from_args
 from ftjob.launch.launcher import Launcher
 from ftjob.launch.procs import start_lighthouse
-from helpers import wait_for
 from test_lighthouse_api import quorum_body
-from test_manager_worker import OPERATOR_TOKEN, TOKEN, Lighthouse
+
+from tests.support.local_job import OPERATOR_TOKEN, TOKEN, Lighthouse
+from tests.support.polling import wait_for
 
 PEER = "127.0.0.1"
 MEMBERSHIP_CALLS = [

@@ -15,7 +15,8 @@ import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AbortSignal, WatchQuorumAnswer
 from ftjob.lighthouse.api.frames import FrameReader, unmask
-from test_manager_worker import TOKEN, Lighthouse
+
+from tests.support.local_job import TOKEN, Lighthouse
 
 
 def client_frame(opcode: int, payload: bytes, fin: bool = True, mask: bytes = b"\x11\x22\x33\x44",

@@ -12,7 +12,9 @@ from pathlib import Path
 import aiohttp
 from ftjob import contract
 from ftjob.lighthouse.gc_pacing import GcPacer
-from test_manager_worker import TOKEN, Lighthouse, _wait
+
+from tests.support.local_job import TOKEN, Lighthouse
+from tests.support.polling import wait_for
 
 
 class Collector:
@@ -157,9 +159,9 @@ async def _open_then_close_watch_sockets(lh: Lighthouse, groups: int) -> None:
 def test_the_lighthouse_process_collects_fully_at_start_and_once_its_connections_closed(tmp_path: Path):
     lh = Lighthouse(tmp_path, "--min-replicas", "1", "--heartbeat-timeout", "30").start()
     try:
-        _wait(lambda: full_collections(lh) >= 1, 30, "the first full collection (the pacer's first tick)")
+        wait_for(lambda: full_collections(lh) >= 1, 30, "the first full collection (the pacer's first tick)")
         before = full_collections(lh)
         asyncio.run(_open_then_close_watch_sockets(lh, 20))
-        _wait(lambda: full_collections(lh) > before, 30, "a full collection once 20 connections closed")
+        wait_for(lambda: full_collections(lh) > before, 30, "a full collection once 20 connections closed")
     finally:
         lh.kill()

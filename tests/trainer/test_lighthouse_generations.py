@@ -24,9 +24,10 @@ from ftjob.lighthouse.api.server import LighthouseServer
 from ftjob.lighthouse.cli import build_server, parse_args
 from ftjob.lighthouse.core.quorum import Outdated, QuorumCore
 from ftjob.lighthouse.core.stall import MIN_INTERVALS, StallRule
-from helpers import wait_for
 from pydantic import ValidationError
 from test_lighthouse_quorum import ask
+
+from tests.support.polling import wait_for
 
 WORKER, OPERATOR = "worker-token", "operator-token"
 

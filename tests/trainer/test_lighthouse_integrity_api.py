@@ -12,7 +12,8 @@ import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AuditRecord, StatusResponse
 from test_lighthouse_api import ask_all, quorum_body
-from test_manager_worker import Lighthouse
+
+from tests.support.local_job import Lighthouse
 
 
 def read_records(path: Path) -> list[AuditRecord]:

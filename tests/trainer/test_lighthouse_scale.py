@@ -13,7 +13,8 @@ from ftjob import contract
 from ftjob.contract.lighthouse_api import AbortSignal, QuorumRequest, QuorumResponse, WatchQuorumAnswer
 from ftjob.lighthouse.api.watch import HeartbeatPace
 from ftjob.lighthouse.core.quorum import QuorumCore
-from test_manager_worker import OPERATOR_TOKEN, TOKEN, Lighthouse
+
+from tests.support.local_job import OPERATOR_TOKEN, TOKEN, Lighthouse
 
 
 def ask(core: QuorumCore, group: str, step: int, ranks: int = 2) -> None:

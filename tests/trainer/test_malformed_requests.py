@@ -18,7 +18,8 @@ import torch
 from ftjob import contract
 from ftjob.contract.lighthouse_api import ErrorResponse, StatusResponse
 from ftjob.ft.recovery.transport import RecoveryServer
-from test_manager_worker import OPERATOR_TOKEN, TOKEN, Lighthouse
+
+from tests.support.local_job import OPERATOR_TOKEN, TOKEN, Lighthouse
 
 RECOVERY_TOKEN = "recovery-token"
 STEP = 5  # the recovery server's published snapshot

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from ftjob import contract
 from ftjob.contract.lighthouse_api import DroppedEvent
-from helpers import wait_for
-from test_manager_worker import Lighthouse, Worker
+
+from tests.support.local_job import Lighthouse, Worker
+from tests.support.polling import wait_for
 
 TIMEOUT = 120  # generous: 2 shared cores, and every process imports torch
 

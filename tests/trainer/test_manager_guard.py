@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 from ftjob import contract
-from helpers import wait_for
 from test_manager_hsdp import free_port
-from test_manager_worker import Lighthouse, Worker
+
+from tests.support.local_job import Lighthouse, Worker
+from tests.support.polling import wait_for
 
 TIMEOUT = 180  # every process imports torch on 2 shared cores
 STEPS, FAULT_STEP, ATTEMPTS = 10, 4, 2

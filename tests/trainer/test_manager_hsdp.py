@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftjob import contract
-from helpers import free_port, wait_for
-from test_manager_worker import Lighthouse, Worker
+
+from tests.support.local_job import Lighthouse, Worker
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
 
 TIMEOUT = 180  # four torch processes on two shared cores
 

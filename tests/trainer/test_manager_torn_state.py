@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import torch
 from ftjob.ft.step.manager import Manager
-from helpers import wait_for
-from test_manager_worker import TOKEN, Lighthouse, Worker
+
+from tests.support.local_job import TOKEN, Lighthouse, Worker
+from tests.support.polling import wait_for
 
 TIMEOUT = 120
 WIDTH = 16  # test_manager_worker's default model: two nn.Linear(16, 16), Adam, a data cursor

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from ftjob import contract
 from ftjob.launch import supervisor
-from helpers import wait_for
+
+from tests.support.polling import wait_for
 
 SUPERVISE = [sys.executable, "-m", "ftjob.cli", "supervise"]
 HANG_GUARD_S = 120  # bounds a broken supervisor's hang; never a timing assertion

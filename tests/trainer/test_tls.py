@@ -20,8 +20,9 @@ from ftjob.contract.lighthouse_api import QuorumRequest
 from ftjob.contract.tls import TlsConfig, worker_server_name
 from ftjob.ft.links.lighthouse_client import LighthouseClient, LighthouseTlsError
 from ftjob.ft.recovery.transport import RecoveryError, RecoveryServer, fetch_state
-from test_manager_worker import TOKEN, Lighthouse
 from test_recovery import assert_same, sample_state
+
+from tests.support.local_job import TOKEN, Lighthouse
 
 LOOPBACK = (["localhost"], ["127.0.0.1"])  # the launcher's lighthouse names
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 from ftjob.gpt.config import TrainConfig
 from ftjob.gpt.model import build_model
-from launch_helpers import assert_clean, launch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack" / "bench"))  # the baselines live with the benches
-from ddp_baseline import run_ddp
+from hack.bench.ddp_baseline import run_ddp  # the baselines live with the benches
+from tests.support.launch_runs import assert_clean, launch
 
 STEPS, GROUPS, BATCH = 20, 2, 4
 

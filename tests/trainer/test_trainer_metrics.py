@@ -5,7 +5,6 @@ the chart give pods the port and a PodMonitor."""
 from __future__ import annotations
 
 import re
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -115,7 +114,7 @@ def test_the_process_metrics_can_be_switched_off_for_measuring_their_cost(monkey
 
 
 def test_every_rank_serves_its_metrics_over_http_when_the_env_names_a_port():
-    from helpers import free_port
+    from tests.support.ports import free_port
 
     m = TrainerMetrics()
     assert m.serve_from_env({}) is None and m.serve_from_env({contract.ENV_METRICS_PORT: "0"}) is None
@@ -138,8 +137,9 @@ def test_manager_feeds_the_metrics(tmp_path: Path):
     is lost and replaced."""
     import torch
     from ftjob.ft.step.manager import Manager, ManagerConfig
-    from helpers import wait_for
-    from test_manager_worker import TOKEN, Lighthouse
+
+    from tests.support.local_job import TOKEN, Lighthouse
+    from tests.support.polling import wait_for
 
     lh = Lighthouse(tmp_path).start()
     mgr = None
@@ -196,8 +196,7 @@ def test_operator_gives_worker_containers_the_metrics_port_and_env():
 
 
 def test_chart_podmonitor_selects_job_pods_in_every_namespace():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chart"))
-    from helm_tools import render
+    from tests.support.helm import render
 
     assert "PodMonitor" not in {o["kind"] for o in render("pm", "ops")}
     (pm,) = [o for o in render("pm", "ops", {"podMonitor.enabled": "true"}) if o["kind"] == "PodMonitor"]
