@@ -38,8 +38,8 @@ def cpu_threads_env(container: dict[str, Any], processes: int = 1) -> list[dict[
     limit, else its request, in whole cores shared out between the ``processes`` ranks it runs (at least 1).
 
     torch (OpenMP) otherwise starts one thread per core of the node, whatever the container's CPU share: on a node
-    shared by several ranks they spin against each other and against a replacement pod's start-up (a killed group of
-    the local cluster's tiny model contributed again 8.3 s after the kill with torch's default, 6.0 s with one thread).
+    shared by several ranks they spin against each other and against a replacement pod's start-up, which then takes
+    longer to contribute again.
     None when the container may set it through ``envFrom`` (which an explicit entry would override), asks for no CPU,
     or gives a quantity the API server will refuse anyway."""
     if container.get("envFrom"):
