@@ -394,6 +394,13 @@ class LighthouseClient:
         """The watch socket's (ping period, pong allowance) for the heartbeat pace in force (watch_link.py)."""
         return link_timing(self._interval)
 
+    @property
+    def open_socket_timing(self) -> tuple[float | None, float | None] | None:
+        """The (ping period, pong allowance) the open watch socket's own timers run with; None while no socket is
+        open. Read-only: what `link_timing` asked for, as the socket applied it."""
+        ws = self._ws
+        return ws.timing if isinstance(ws, PacedWebSocket) else None
+
     def _handle_push(self, signal: AbortSignal) -> None:
         if signal.heartbeat_interval_s is not None:  # the lighthouse paces its groups' heartbeats (grows with them)
             self._interval = signal.heartbeat_interval_s
