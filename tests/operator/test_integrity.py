@@ -78,7 +78,7 @@ def test_integrity_settings_win_over_the_template_env():
         ({"gradientGuard": {"maxOffences": 0}}, "spec.integrity.gradientGuard.maxOffences must be an integer >= 1"),
         ({"gradientGuard": {"maxOffences": 2.5}}, "maxOffences must be an integer >= 1, got 2.5"),
         ({"gradientGuard": {"maxOffences": True}}, "maxOffences must be an integer >= 1, got True"),
-        ({"gradientGuard": {"windowSeconds": 0}}, "spec.integrity.gradientGuard.windowSeconds must be a number >= 1"),
+        ({"gradientGuard": {"windowSeconds": 0}}, "spec.integrity.gradientGuard.windowSeconds must be an integer >= 1"),
         ({"gradientGuard": {"enabled": "yes"}}, "spec.integrity.gradientGuard.enabled must be true or false"),
         ({"digestEverySteps": -1}, "spec.integrity.digestEverySteps must be an integer >= 0, got -1"),
     ],
