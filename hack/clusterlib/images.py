@@ -6,8 +6,12 @@
     ftjob.local/ftjob-trainer    hack/images/trainer.Dockerfile (ftjob[trainer], torch included)
 
 Each image is tagged by a hash of everything it is built from, so an unchanged checkout rebuilds nothing, and also
-`:dev` (what manifests of the local cluster name). buildah keeps its storage under the ftjob cache; a node imports an
-image only when its containerd lacks that exact tag. What was built is recorded in `<cache>/images/images.json` and
+`:dev` (what the tests' manifests name). The operator and trainer images are also named in every node as a release is
+(`ftjob-operator:<version>`, `ftjob-trainer:<version>`, the version from pyproject.toml): what the Helm chart's defaults
+and the examples under crds/examples/ and examples/k8s/ name, so they run here as written. Those names carry a tag
+that is not `latest`, so the kubelet's default pull policy (IfNotPresent) uses the node's copy and never asks a
+registry. buildah keeps its storage under the ftjob cache; a node imports an image only when its containerd lacks
+that exact tag. What was built is recorded in `<cache>/images/images.json` and
 each cluster's `<state>/images.json`; clusterlib/transfer.py moves them into the nodes.
 """
 
@@ -21,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,14 +41,56 @@ IMAGE_CA_PATH = "/etc/ssl/certs/ftjob-build-host-ca.crt"  # mounted only while a
 DOCKERFILE_INPUTS = ("pyproject.toml", "README.md", "operator", "trainer", "examples")
 
 
+# The images a release publishes, by name: the Helm chart's `image.repository` default and the examples' image, each
+# tagged with the project's version.
+RELEASE_NAMES = {"operator": "ftjob-operator", "trainer": "ftjob-trainer"}
+
+
 @dataclass(frozen=True)
 class Image:
     name: str  # e.g. "trainer"
     ref: str  # the content-hashed reference
-    dev_ref: str  # the stable alias manifests use
+    dev_ref: str  # the stable alias the tests' manifests use
+    release_ref: str | None = None  # the name a release gives it, as containerd spells it (None: not released)
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Every stable name a node's containerd carries for this build."""
+        return (self.dev_ref,) if self.release_ref is None else (self.dev_ref, self.release_ref)
 
     def as_dict(self) -> dict[str, str]:
-        return {"ref": self.ref, "dev": self.dev_ref}
+        out = {"ref": self.ref, "dev": self.dev_ref}
+        if self.release_ref is not None:
+            out["release"] = self.release_ref
+        return out
+
+
+def project_version(repo: Path) -> str:
+    """The version in pyproject.toml: the tag of the released images (the Helm chart's appVersion matches it)."""
+    return tomllib.loads((repo / "pyproject.toml").read_text())["project"]["version"]
+
+
+def release_ref(name: str, version: str) -> str | None:
+    """The released image's reference as a manifest writes it (e.g. `ftjob-trainer:0.1.0`); None for the images a
+    release does not publish."""
+    return f"{RELEASE_NAMES[name]}:{version}" if name in RELEASE_NAMES else None
+
+
+def dockerfile_image(name: str, version: str, digest: str) -> Image:
+    """The operator or trainer image of this version built from inputs hashing to `digest`, with its aliases."""
+    released = release_ref(name, version)
+    return Image(name, f"{REGISTRY}/ftjob-{name}:{version}-{digest}", f"{REGISTRY}/ftjob-{name}:dev",
+                 containerd_name(released) if released else None)  # fmt: skip
+
+
+def containerd_name(ref: str) -> str:
+    """`ref` as the kubelet hands it to containerd (Docker's normalisation): a name without a registry host is on
+    docker.io, and a single-component one under `library/`. Only a node image stored under this name satisfies a pod
+    whose manifest says `ref`."""
+    first, _, rest = ref.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return ref
+    return f"docker.io/{ref}" if rest else f"docker.io/library/{ref}"
 
 
 def cache_dir(s: Settings) -> Path:
@@ -146,8 +193,8 @@ class Builder:
         repo = Path(self.s.repo)
         dockerfile = repo / "hack" / "images" / f"{name}.Dockerfile"
         digest = _hash_paths(repo, (str(dockerfile.relative_to(repo)), *DOCKERFILE_INPUTS), extra=base.ref)
-        ref = f"{REGISTRY}/ftjob-{name}:0.1.0-{digest}"
-        image = Image(name, ref, f"{REGISTRY}/ftjob-{name}:dev")
+        image = dockerfile_image(name, project_version(repo), digest)
+        ref = image.ref
         if not image_exists(self.s, ref):
             self.log.say(f"building {ref} from {dockerfile.relative_to(repo)} (pip's cache is reused)")
             args = buildah(self.s, "bud", "--layers", "--isolation", "chroot", "--network", "host",

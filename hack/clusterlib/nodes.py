@@ -25,7 +25,7 @@ def _node_images(s: Settings, n: int) -> set[str]:
 
 def import_images(s: Settings, built: dict[str, images.Image], t0: float) -> None:
     """Import into every node's containerd each image it lacks (by exact tag), sending only missing layers, the
-    nodes in parallel; then point the `:dev` aliases at them."""
+    nodes in parallel; then point the stable aliases (`:dev`, and the release names the examples use) at them."""
     log = Logged(Path(s.cache_dir) / "logs" / "images.log", "images", t0)
     have = {n: _node_images(s, n) for n in range(1, s.nodes + 1)}
     missing = {n: [img for img in built.values() if img.ref not in have[n]] for n in have}
@@ -38,13 +38,14 @@ def import_images(s: Settings, built: dict[str, images.Image], t0: float) -> Non
             sent = transfer.import_into(s, n, log, img, descs[img.ref], blobs)
             log.say(f"imported {img.ref} into {s.node_name(n)}: {sent / 2**20:.0f} MiB in {time.monotonic() - t:.1f}s")
         for img in built.values():
-            if img.dev_ref not in have[n] or img in missing[n]:
-                log.run(runtime.ctr(s, n, "images", "tag", "--force", img.ref, img.dev_ref))
+            for alias in img.aliases:
+                if alias not in have[n] or img in missing[n]:
+                    log.run(runtime.ctr(s, n, "images", "tag", "--force", img.ref, alias))
 
     with ThreadPoolExecutor(max_workers=s.nodes) as pool:
         list(pool.map(import_into, have))  # list(): re-raises the first failure
     transfer.prune(s, keep=[img.ref for img in built.values()])
-    current = {img.ref for img in built.values()} | {img.dev_ref for img in built.values()}
+    current = {ref for img in built.values() for ref in (img.ref, *img.aliases)}
     for n, refs in have.items():  # images of earlier builds: running containers keep their snapshots
         stale = [r for r in refs if r.startswith(f"{images.REGISTRY}/") and r not in current]
         if stale:
