@@ -39,6 +39,7 @@ def _common(p: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The ``kubectl ftjob`` argument parser."""
     p = argparse.ArgumentParser(
         prog="kubectl ftjob",
         description="Look at a FaultTolerantTrainingJob: status, timeline, events.",
@@ -78,6 +79,8 @@ def default_namespace(kubeconfig: str | None, context: str | None) -> str:
 
 
 def api_client(kubeconfig: str | None, context: str | None) -> Any:
+    """A Kubernetes API client from the kubeconfig (and context), else the in-cluster config inside a pod;
+    PluginError when neither loads."""
     from kubernetes import client, config
 
     try:
@@ -97,6 +100,7 @@ class Cluster:
         self.api = api
 
     def job(self, namespace: str, name: str) -> dict[str, Any]:
+        """The job's object as the apiserver's JSON; PluginError for a missing job or an unreachable apiserver."""
         from kubernetes import client
         from kubernetes.client.rest import ApiException
 
@@ -121,6 +125,7 @@ class Cluster:
         return json.loads(resp.data)
 
     def events(self, namespace: str, name: str) -> list[ev.JobEvent]:
+        """The job's Events; none (with a warning) when they cannot be listed."""
         try:
             return ev.fetch(self.api, namespace, name)
         except Exception as e:  # Events are a courtesy: show the rest without them
@@ -129,6 +134,8 @@ class Cluster:
 
 
 def run(args: argparse.Namespace, cluster: Cluster, namespace: str, out: Callable[[str], None] = print) -> int:
+    """Runs the parsed ``status``, ``timeline`` or ``events`` command against ``cluster``, writing through ``out``;
+    returns the exit code."""
     progress: Callable[[str], None] = (
         (lambda _m: None) if args.quiet else (lambda m: print(f"kubectl-ftjob: {m}", file=sys.stderr, flush=True))
     )
@@ -161,6 +168,7 @@ def run(args: argparse.Namespace, cluster: Cluster, namespace: str, out: Callabl
 
 
 def main(argv: Sequence[str] | None = None, cluster: Cluster | None = None) -> int:
+    """The ``kubectl ftjob`` command; returns the exit code (1: an error it explained)."""
     args = parser().parse_args(argv)
     try:
         if cluster is None:

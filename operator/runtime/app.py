@@ -26,6 +26,8 @@ EXIT_LOST_LEADERSHIP = 3
 
 
 async def run(settings: Settings) -> int:
+    """Runs the operator until SIGINT or SIGTERM: metrics and health servers, the leader Lease when enabled, then
+    kopf's reconcile loop while leader. Returns the exit code (2: the CRD is not served)."""
     api = load_client(settings.kubeconfig)
     kube = KubeApi(api)
     elector: LeaderElector | None = None

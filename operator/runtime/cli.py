@@ -10,6 +10,8 @@ from ftjob.operator.runtime.settings import parse
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``ftjob-operator`` command: parses the flags, sets up logging and runs the operator; returns the exit
+    code."""
     settings = parse(argv)
     logging.basicConfig(
         level=logging.DEBUG if settings.verbose else logging.INFO,

@@ -24,6 +24,8 @@ log = logging.getLogger("ftjob.operator.runtime.leader")
 
 @dataclass(frozen=True)
 class LeaseConfig:
+    """Which Lease the replicas compete for, who this one is, and the lease's timing (client-go's defaults)."""
+
     name: str
     namespace: str
     identity: str
@@ -37,6 +39,8 @@ def _now_micro() -> dt.datetime:
 
 
 class LeaderElector:
+    """Leader election on one coordination.k8s.io/v1 Lease: acquires, renews and releases it for this replica."""
+
     def __init__(self, api: client.ApiClient, cfg: LeaseConfig) -> None:
         self.coord = client.CoordinationV1Api(api)
         self.cfg = cfg
@@ -47,6 +51,8 @@ class LeaderElector:
 
     # --- one attempt (sync; run in a thread) ------------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:
+        """One attempt (blocking; run it in a thread): creates the Lease, renews it, or takes it over once its
+        holder stopped renewing for a whole lease duration. Returns whether this replica holds it now."""
         cfg = self.cfg
         try:
             lease = self.coord.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=self._timeout)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Settings:
+    """The operator's command-line settings, validated."""
+
     namespaces: tuple[str, ...]
     all_namespaces: bool
     metrics_port: int
@@ -27,6 +29,7 @@ class Settings:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The ``ftjob-operator`` argument parser."""
     p = argparse.ArgumentParser(
         prog="ftjob-operator",
         description="Runs FaultTolerantTrainingJobs: a lighthouse and replica groups of pods per job, replacing "
@@ -57,6 +60,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None = None) -> Settings:
+    """The settings from ``argv`` (the process's arguments when None); exits with a usage error for invalid ones."""
     p = parser()
     args = p.parse_args(argv)
     if args.lease_duration < 2:

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``ftjob-trainer`` command: ``train``, ``launch``, ``lighthouse`` or ``supervise``; returns the exit code
+    (2: invalid arguments)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "lighthouse":
         from ftjob.lighthouse.cli import main as lighthouse_main

@@ -50,6 +50,7 @@ class CheckpointError(Exception):
 
 
 def step_dir(root: Path, group: str, step: int) -> Path:
+    """The directory of ``group``'s checkpoint of ``step`` under ``root``."""
     return root / f"group-{group}" / f"{_STEP_PREFIX}{step:08d}"
 
 
@@ -66,6 +67,8 @@ def _data_files(directory: Path) -> list[Path]:
 
 
 def write_manifest(directory: Path, step: int) -> None:
+    """Writes the manifest (the step and the sha256 of every file) of a completed save, atomically: last, so that
+    its presence means the checkpoint is whole."""
     manifest = CheckpointManifest(
         step=step, files={str(p.relative_to(directory)): _sha256(p) for p in _data_files(directory)}
     )
@@ -110,12 +113,16 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 @dataclass(frozen=True)
 class Found:
+    """The newest intact checkpoint: its step, its directory, and why newer ones were skipped."""
+
     step: int
     path: Path
     skipped: list[str]  # why newer checkpoints were not used
 
 
 def newest_intact(root: Path) -> Found | None:
+    """The newest checkpoint under ``root`` whose manifest verifies (any group's), or None; says on stderr why newer
+    ones were skipped."""
     skipped = []
     for _, d in list_checkpoints(root):
         try:
@@ -183,6 +190,8 @@ class AsyncCheckpointer:
             self.wait()
 
     def wait(self) -> None:
+        """Blocks until the save in flight (if any) completes, then rank 0 writes its manifest, prunes old
+        checkpoints and reports it."""
         if self._pending is None:
             return
         step, directory, fut = self._pending

@@ -88,11 +88,13 @@ class TrainerMetrics:
 
     # --- step protocol events (the Manager calls these) ----------------------------------------------------------
     def quorum_joined(self, quorum_id: int, size: int, state: str) -> None:
+        """A quorum formed: its id, its size and this rank's role in it."""
         self.quorum_id.set(quorum_id)
         self.quorum_size.set(size)
         self.set_state(state)
 
     def set_state(self, state: str) -> None:
+        """This rank's role now (one of STATES); ValueError for any other."""
         if state not in self._states:
             raise ValueError(f"state {state!r} is not one of {STATES}")
         if state == self._state:
@@ -102,6 +104,7 @@ class TrainerMetrics:
         self._state = state
 
     def healed(self, seconds: float, nbytes: int) -> None:
+        """This rank healed from a peer: how long it took and how many state bytes it copied."""
         self.heals.inc()
         self.heal_seconds.observe(seconds)
         self.heal_bytes.inc(nbytes)
@@ -109,6 +112,7 @@ class TrainerMetrics:
     def committed(
         self, step: int, step_seconds: float | None = None, phases: Mapping[str, float] | None = None
     ) -> None:
+        """A step committed: the step reached, the step's duration and where its time went, when known."""
         self.commits.inc()
         self.committed_step.set(step)
         if step_seconds is not None:
@@ -118,19 +122,24 @@ class TrainerMetrics:
                 self.observe_phase(name, seconds)
 
     def commit_failed(self, reason: str) -> None:
+        """A step did not commit, for ``reason`` (one of FAILURE_REASONS)."""
         self.commit_failures.labels(reason).inc()
 
     def lighthouse_reconnected(self) -> None:
+        """The watch socket re-opened after a lost lighthouse."""
         self.lighthouse_reconnects.inc()
 
     def guard_offence(self, kind: str) -> None:
+        """The gradient guard refused a group's gradients (``kind``: the rule that refused it)."""
         self.guard_offences.labels(kind).inc()
 
     def digested(self) -> None:
+        """This rank computed a state digest for the replicas' check."""
         self.digests.inc()
 
     # --- what a training loop adds -------------------------------------------------------------------------------
     def observe_phase(self, phase: str, seconds: float) -> None:
+        """``seconds`` spent in the step phase ``phase`` (a new phase name gets its own series)."""
         child = self._phases.get(phase)
         if child is None:
             child = self._phases[phase] = self.phase_seconds.labels(phase)
@@ -161,6 +170,7 @@ class TrainerMetrics:
 
     # --- exposition ----------------------------------------------------------------------------------------------
     def render(self) -> bytes:
+        """The registry in Prometheus' text format (what /metrics serves)."""
         return generate_latest(self.registry)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
@@ -188,6 +198,7 @@ class TrainerMetrics:
             return None
 
     def close(self) -> None:
+        """Stops the /metrics server, if one runs."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -199,35 +210,45 @@ class DisabledTrainerMetrics(TrainerMetrics):
     against. The families still exist, empty, so a loop's own calls need no guard."""
 
     def quorum_joined(self, quorum_id: int, size: int, state: str) -> None:
+        """Records nothing."""
         pass
 
     def healed(self, seconds: float, nbytes: int) -> None:
+        """Records nothing."""
         pass
 
     def committed(
         self, step: int, step_seconds: float | None = None, phases: Mapping[str, float] | None = None
     ) -> None:
+        """Records nothing."""
         pass
 
     def commit_failed(self, reason: str) -> None:
+        """Records nothing."""
         pass
 
     def lighthouse_reconnected(self) -> None:
+        """Records nothing."""
         pass
 
     def guard_offence(self, kind: str) -> None:
+        """Records nothing."""
         pass
 
     def digested(self) -> None:
+        """Records nothing."""
         pass
 
     def observe_phase(self, phase: str, seconds: float) -> None:
+        """Records nothing."""
         pass
 
     def add_tokens(self, n: int) -> None:
+        """Records nothing."""
         pass
 
     def serve_from_env(self, environ: Mapping[str, str] | None = None) -> int | None:
+        """Serves nothing: returns None."""
         return None
 
 

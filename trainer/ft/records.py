@@ -21,12 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 
 class Record(BaseModel):
+    """What every run record carries: its wall time and the process incarnation that wrote it."""
+
     model_config = ConfigDict(extra="ignore", frozen=True)
     t: float = Field(default_factory=time.time)  # wall time
     incarnation: str = ""  # one per process start
 
 
 class StartRecord(Record):
+    """A process came up: its group, the step it starts from, and what it trains."""
+
     event: Literal["start"] = "start"
     group: str = ""
     step: int = 0  # the step this process starts from (a resumed checkpoint's)
@@ -36,6 +40,8 @@ class StartRecord(Record):
 
 
 class CommitRecord(Record):
+    """A step committed: the step reached, its global sample range, this group's share of it, and how it went."""
+
     event: Literal["commit"] = "commit"
     group: str = ""
     step: int  # the step reached by this commit
@@ -54,6 +60,8 @@ class CommitRecord(Record):
 
 
 class FinishedRecord(Record):
+    """The group trained its last step: the digest of its final parameters."""
+
     event: Literal["finished"] = "finished"
     group: str = ""
     step: int
@@ -65,6 +73,7 @@ _RECORD = TypeAdapter(RunRecord)
 
 
 def group_log_path(run_dir: Path, group: str) -> Path:
+    """Where ``group``'s records go under ``run_dir``."""
     return run_dir / f"group-{group}.jsonl"
 
 
@@ -76,10 +85,12 @@ class GroupLog:
         self._f: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 -- held open for the process's life
 
     def write(self, record: StartRecord | CommitRecord | FinishedRecord) -> None:
+        """Appends one record as a JSON line and flushes it (a killed process leaves every line it wrote)."""
         self._f.write(record.model_dump_json(exclude_none=True) + "\n")
         self._f.flush()
 
     def close(self) -> None:
+        """Closes the file."""
         self._f.close()
 
 

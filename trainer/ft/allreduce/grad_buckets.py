@@ -47,6 +47,7 @@ def flatten(grads: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def unflatten_into(flat: torch.Tensor, grads: Sequence[torch.Tensor], divisor: int) -> None:
+    """Copies a reduced flat bucket back into its gradients, divided by ``divisor`` (the contributors) first."""
     if divisor > 1:
         flat.div_(divisor)
     pieces = flat.split([g.numel() for g in grads])
@@ -84,6 +85,8 @@ class BackwardLauncher:
 
     @property
     def armed(self) -> bool:
+        """Whether the backward pass now launches the buckets whose gradients are final (between ``arm`` and
+        ``disarm``)."""
         return self._launch is not None
 
     def _allocate(self) -> None:
@@ -177,8 +180,10 @@ class BackwardLauncher:
         self._buffers, self._views = [], []
 
     def disarm(self) -> None:
+        """Stops launching buckets from the gradient hooks (the buffers stay for the next step)."""
         self._launch = None
 
     def remove(self) -> None:
+        """Removes the gradient hooks from the parameters: the launcher is done for good."""
         for h in self._handles:
             h.remove()

@@ -116,6 +116,7 @@ class GradientSync:
             self.launcher.held = held
 
     def disarm(self) -> None:
+        """Stops the backward pass from launching buckets (a step that will not be averaged)."""
         if self.launcher is not None:
             self.launcher.disarm()
 

@@ -27,11 +27,16 @@ class CollectiveError(RuntimeError):
 
 
 def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (an IPv6 host in brackets or not) as (host, port)."""
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
 
 class CrossGroupPG:
+    """The process group across the replica groups, one per quorum: this rank with the same rank of every other
+    group in the quorum. Rebuilt when the quorum changes; hosts the TCP store its peers meet in when its group is
+    the quorum's first; abandoned collectives are aborted on a reaper thread."""
+
     def __init__(
         self,
         rank_in_group: int,

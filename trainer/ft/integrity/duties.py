@@ -36,6 +36,9 @@ DEFAULT_DIGEST_EVERY = 100  # committed steps: rare enough that the digests cost
 
 
 class Integrity:
+    """One rank's integrity duties each step: the gradient guard's verdict, the state digests, and the fault
+    injection of tests."""
+
     def __init__(
         self,
         group: str,
@@ -79,6 +82,7 @@ class Integrity:
                 self._digest = StateDigest(step=step, digest=digest)
 
     def corruption(self, step: int, contributing: bool) -> GradientFault | None:
+        """The gradient fault to inject into this step attempt (FTJOB_FAULT_INJECTION), or None."""
         return self.fault.corruption(step, contributing) if self.fault is not None else None
 
     # --- the guard -----------------------------------------------------------------------------------------------

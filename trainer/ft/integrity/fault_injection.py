@@ -50,6 +50,9 @@ class GradientFault:
 
 @dataclass
 class FaultInjection:
+    """A fault a test injects into one group at one step (FTJOB_FAULT_INJECTION): corrupted gradients (NaN, scaled,
+    a lie to the guard) or a flipped bit in the state."""
+
     group: str
     kind: Kind
     step: int

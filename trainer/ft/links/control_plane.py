@@ -82,6 +82,8 @@ class ControlPlane:
 
     @property
     def abort_below(self) -> int:
+        """Quorums with a lower id must abort: what rank 0's lighthouse client heard, or what the group link
+        forwarded."""
         if self._client is not None:
             return self._client.abort_below
         return self._link.abort_below if self._link is not None else 0
@@ -91,6 +93,7 @@ class ControlPlane:
         return quorum_id < self.abort_below or self.lost is not None
 
     def set_step(self, step: int) -> None:
+        """The step rank 0 reports in its heartbeats (other ranks: nothing to do)."""
         if self._client is not None:
             self._client.step = step
 
@@ -116,6 +119,7 @@ class ControlPlane:
             self._client.leave(step)
 
     def check(self) -> None:
+        """Raises GroupLinkLost once a rank of this group was lost."""
         if self.lost is not None:
             raise GroupLinkLost(f"group {self.cfg.group} rank {self.cfg.rank}: {self.lost}")
 
@@ -136,6 +140,7 @@ class ControlPlane:
         self._on_abort(self.abort_below)  # wakes a pending collective (the Manager's abort check sees ``lost``)
 
     def close(self) -> None:
+        """Closes the group link and the lighthouse client (whichever this rank holds)."""
         for part in (self._server, self._link, self._client):
             if part is not None:
                 part.close()

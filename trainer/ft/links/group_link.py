@@ -103,6 +103,8 @@ class LinkServer:
         self._thread.start()
 
     def wait_connected(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Blocks until every other rank of the group opened its link; ConnectionError naming the missing ranks
+        after ``timeout_s``."""
         if not self._all_in.wait(timeout_s):
             missing = sorted(set(range(1, self._world)) - set(self._peers))
             raise ConnectionError(f"ranks {missing} of this group did not open their group link in {timeout_s:g}s")
@@ -128,6 +130,7 @@ class LinkServer:
             self._on_change(min(self._progress), all(self._waiting))
 
     def close(self) -> None:
+        """Says goodbye to every other rank and closes their links (a clean shutdown, not a lost rank)."""
         with self._lock:
             if self._closing:
                 return
@@ -272,6 +275,7 @@ class LinkClient:
             self._on_lost(self.lost)
 
     def close(self) -> None:
+        """Says goodbye to rank 0 (a clean shutdown, not a lost rank) and closes the link."""
         self._closing = True
         try:
             self._sock.sendall(UP.pack(self._progress, BYE))

@@ -116,6 +116,8 @@ class LighthouseClient:
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> LighthouseClient:
+        """Starts the client's event-loop thread and HTTP session, and from then on keeps the watch socket open;
+        returns the client."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(10)
         self._watch_task = asyncio.run_coroutine_threadsafe(self._watch_forever(), self._loop)
@@ -141,6 +143,7 @@ class LighthouseClient:
             await old.close()
 
     def close(self) -> None:
+        """Closes the watch socket and the session and stops the client's thread (best effort, bounded waits)."""
         if not self._thread.is_alive():
             return
         if self._watch_task is not None:
@@ -211,6 +214,8 @@ class LighthouseClient:
         timeout_s: float = 10.0,
         leaving: bool = False,
     ) -> HeartbeatResponse:
+        """Sends one heartbeat over HTTP (the watch socket carries the regular ones): the step, ``finished``
+        with the parameters' digest at the end, ``leaving`` when the group leaves the job for good."""
         beat = HeartbeatRequest(
             group=self.group,
             incarnation=self.incarnation,
@@ -231,6 +236,7 @@ class LighthouseClient:
         return self._run(self._post_retrying(path, body, answer, timeout_s), timeout_s + 5)
 
     def status(self, timeout_s: float = 10.0) -> StatusResponse:
+        """The lighthouse's status (GET), as the operator and tests read it."""
         return self._run(self._get(contract.PATH_STATUS, StatusResponse, timeout_s), timeout_s + 5)
 
     # --- coroutines ----------------------------------------------------------------------------------------------

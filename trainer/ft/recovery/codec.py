@@ -43,6 +43,9 @@ class CodecError(ValueError):
 
 @dataclass
 class Packed:
+    """A state packed for sending: its tree (tensors replaced by references), the tensors' metadata, and one buffer
+    holding their bytes."""
+
     state: StateNode  # the tree; tensors replaced by TensorRef indices into ``tensors``
     tensors: list[TensorInfo]
     buffer: torch.Tensor  # uint8 on the CPU (pinned when the state lives on an accelerator)

@@ -40,6 +40,7 @@ class JobCheckpoints:
 
     @classmethod
     def from_config(cls, cfg: SessionConfig) -> JobCheckpoints:
+        """The job's checkpoints as a session configures them (its directory, group, rank and retention)."""
         assert cfg.checkpoint_dir is not None
         m = cfg.manager
         return cls(cfg.checkpoint_dir, m.group, m.rank, m.world_size, cfg.keep_checkpoints)
@@ -78,10 +79,12 @@ class JobCheckpoints:
         self._writer.save(step, self._large_state(session), before_save=write_extras)
 
     def poll(self) -> None:
+        """Finishes a completed background save (manifest, retention) without blocking."""
         if self._writer is not None:
             self._writer.poll()
 
     def wait(self) -> None:
+        """Blocks until the background save in flight, if any, is complete."""
         if self._writer is not None:
             self._writer.wait()
 

@@ -233,6 +233,7 @@ class RecoveryServer:
             self._cond.notify_all()
 
     def close(self) -> None:
+        """Stops serving and closes the listening socket; the checksum pool is shut down without waiting for it."""
         self._http.shutdown()
         self._http.server_close()
         self._hasher.shutdown(wait=False)
@@ -327,6 +328,8 @@ class RecoveryServer:
 
 @dataclass
 class FetchStats:
+    """What one fetch of a peer's state took: bytes, seconds, chunks and chunks fetched again."""
+
     bytes: int = 0
     seconds: float = 0.0
     chunks: int = 0

@@ -465,6 +465,8 @@ class Manager:
             self._control.report_finished(self.step, param_digest)
 
     def shutdown(self) -> None:
+        """Releases everything the Manager holds: the SIGTERM claim, the prefetched quorum request, the
+        lighthouse and group links, the recovery server and the process group."""
         if self._claimed:
             termination.WATCH.release()
             self._claimed = False

@@ -13,6 +13,9 @@ import torch.distributed as dist
 
 
 class InGroup:
+    """Collectives among the ranks of one replica group (the default process group): broadcasts of rank 0's answers,
+    gathers and unanimous votes. A group of one needs no torch.distributed."""
+
     def __init__(self, rank: int, world_size: int) -> None:
         if world_size > 1 and not dist.is_initialized():
             raise ValueError(

@@ -38,8 +38,15 @@ log = logging.getLogger("ftjob.session")
 
 
 class Stateful(Protocol):
-    def state_dict(self) -> Any: ...
-    def load_state_dict(self, state: Any) -> Any: ...
+    """Anything with torch's ``state_dict`` / ``load_state_dict`` pair: what ``register_state`` takes."""
+
+    def state_dict(self) -> Any:
+        """The object's state."""
+        ...
+
+    def load_state_dict(self, state: Any) -> Any:
+        """Loads a state ``state_dict`` returned."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -118,19 +125,23 @@ class Session:
 
     @property
     def ranks(self) -> int:
+        """Ranks in this replica group."""
         return self.cfg.manager.world_size
 
     @property
     def rank(self) -> int:
+        """This process's rank in its replica group."""
         return self.cfg.manager.rank
 
     # --- registration ----------------------------------------------------------------------------------------
     def register_model(self, model: nn.Module) -> None:
+        """The model whose gradients are averaged and whose state travels with healing and checkpoints."""
         self._model = model
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._register("model", model.state_dict, model.load_state_dict)
 
     def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The inner optimizer whose state travels with healing and checkpoints."""
         self._optimizer = optimizer
         self._register("optim", optimizer.state_dict, optimizer.load_state_dict)
 
@@ -175,6 +186,8 @@ class Session:
         return {name: get() for name, (get, _put) in self._entries.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Loads a peer's or a checkpoint's state into everything registered; StateDictError when a registered
+        entry is missing from it."""
         missing = sorted(set(self._entries) - set(state))
         if missing:
             raise StateDictError(f"{self._who}: the peer's state lacks {missing}: every group must register the same")
@@ -233,6 +246,7 @@ class Session:
         self.manager.allreduce_gradients(self._params)
 
     def hold_gradient_sync(self, held: bool) -> None:
+        """While held, backward passes only accumulate gradients (gradient accumulation)."""
         if self.manager is not None:
             self.manager.hold_gradient_sync(held)
 

@@ -70,9 +70,11 @@ class DataLoader:
         s.on_commit(self._committed)
 
     def state_dict(self) -> dict[str, Any]:
+        """The loader's position in the sample stream (travels with healing and checkpoints)."""
         return LoaderState(cursor=self.cursor).model_dump()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes at a peer's or a checkpoint's position in the sample stream."""
         self.cursor = LoaderState.model_validate(state).cursor
 
     def _committed(self, _info: QuorumInfo) -> None:

@@ -32,6 +32,8 @@ class DistributedDataParallel(nn.Module):
         self._sync = True
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Begins the step (or the next micro-batch of it) and runs the module; outside ``no_sync`` the
+        gradients are averaged across the quorum once the backward pass is over."""
         session = self._session
         session.begin_step()
         session.hold_gradient_sync(not self._sync)

@@ -24,6 +24,7 @@ class Optimizer(torch.optim.Optimizer):
 
     @property  # type: ignore[override]
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups."""
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -32,27 +33,34 @@ class Optimizer(torch.optim.Optimizer):
 
     @property  # type: ignore[override]
     def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state."""
         return self.optimizer.state
 
     @property  # type: ignore[override]
     def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's default hyperparameters."""
         return self.optimizer.defaults
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped optimizer's ``zero_grad``."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        """The commit point: the group votes, and the wrapped optimizer steps only if the step commits. No closure."""
         if closure is not None:
             raise ValueError("ftjob.ft.Optimizer.step() takes no closure: the step commits once, after its backward")
         self._session.commit(self.optimizer.step)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state."""
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads the wrapped optimizer's state."""
         self.optimizer.load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Adds a parameter group to the wrapped optimizer."""
         self.optimizer.add_param_group(param_group)
 
     def __repr__(self) -> str:
@@ -69,17 +77,21 @@ class LRScheduler:
         self._session.register_state("scheduler", scheduler)
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        """Steps the wrapped scheduler, only after a committed step."""
         self._session.close_open_step()
         if self._session.last_committed:
             self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
+        """The wrapped scheduler's last learning rates."""
         return list(self.scheduler.get_last_lr())
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped scheduler's state."""
         return dict(self.scheduler.state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads the wrapped scheduler's state."""
         self.scheduler.load_state_dict(state_dict)
 
 
@@ -100,6 +112,8 @@ class GradScaler(torch.amp.GradScaler):
         self._session.loss_scaling = self.is_enabled()  # overflows are its business, not the gradient guard's
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Moves the scale only after a committed step; a failed step keeps it (and clears the step's inf
+        bookkeeping)."""
         self._session.close_open_step()
         if not self.is_enabled():
             return

@@ -40,6 +40,7 @@ class MicroBatch:
     count: int
 
     def positions(self) -> range:
+        """The pass's stream positions."""
         return range(self.start, self.start + self.count)
 
 
@@ -91,6 +92,7 @@ class SampleOrder:
         self._perm: list[int] = []
 
     def index(self, position: int) -> int:
+        """The dataset index of stream position ``position`` (the epoch's permutation when shuffling)."""
         epoch, i = divmod(position, self.size)
         if not self.shuffle:
             return i
