@@ -105,6 +105,16 @@ class Launcher:
             env[contract.ENV_TLS_KEY_FILE] = str(self.tls_files[pki.LIGHTHOUSE_KEY])
         return args, env
 
+    @property
+    def group_env(self) -> dict[str, str]:
+        """The environment every group's ranks start with (a fresh copy: changing it changes no launch)."""
+        return self._env()
+
+    @property
+    def lighthouse_launch(self) -> tuple[list[str], dict[str, str]]:
+        """The lighthouse's flags and environment, as the launcher starts it (fresh copies)."""
+        return self._lighthouse()
+
     def _start(self, group: str) -> None:
         c = self.cfg
         command = c.command or reference_trainer_command(c)
