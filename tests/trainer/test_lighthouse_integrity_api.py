@@ -232,10 +232,10 @@ def test_the_guard_and_audit_flags_fall_back_to_the_env_and_are_validated(
     assert (args.guard_max_offences, args.guard_window_s, args.audit_file) == (5, 90.0, str(tmp_path / "audit.jsonl"))
     assert parse_args(["--guard-max-offences", "1", "--guard-window-s", "0.5"]).guard_max_offences == 1
     for argv, message in (
-        (["--guard-max-offences", "0"], "--guard-max-offences: must be an integer >= 1 (flag or env "),
-        (["--guard-max-offences", "2.5"], "--guard-max-offences: must be an integer >= 1"),
-        (["--guard-window-s", "0"], "--guard-window-s: must be a number > 0 (flag or env FTJOB_GUARD_WINDOW_S)"),
-        (["--guard-window-s", "nan"], "--guard-window-s: must be a number > 0"),
+        (["--guard-max-offences", "0"], "--guard-max-offences (env FTJOB_GUARD_MAX_OFFENCES): must be an integer >= 1"),
+        (["--guard-max-offences", "2.5"], "--guard-max-offences (env FTJOB_GUARD_MAX_OFFENCES): invalid int value"),
+        (["--guard-window-s", "0"], "--guard-window-s (env FTJOB_GUARD_WINDOW_S): must be a number > 0, got '0'"),
+        (["--guard-window-s", "nan"], "--guard-window-s (env FTJOB_GUARD_WINDOW_S): must be a number > 0"),
         (["--audit-file", str(tmp_path / "no" / "such" / "dir")], "--audit-file (env FTJOB_AUDIT_FILE): cannot append"),
     ):
         with pytest.raises(SystemExit):
@@ -244,4 +244,4 @@ def test_the_guard_and_audit_flags_fall_back_to_the_env_and_are_validated(
     monkeypatch.setenv(contract.ENV_GUARD_MAX_OFFENCES, "-3")  # a bad env value is named like a bad flag
     with pytest.raises(SystemExit):
         parse_args([])
-    assert "FTJOB_GUARD_MAX_OFFENCES), got '-3'" in capsys.readouterr().err
+    assert "(env FTJOB_GUARD_MAX_OFFENCES): must be an integer >= 1, got '-3'" in capsys.readouterr().err

@@ -1,17 +1,19 @@
 """``ftjob-trainer lighthouse``: the per-job quorum service (see quorum for the rule, server for
-the API). Flags override the FTJOB_* environment variables the operator sets."""
+the API). Flags override the FTJOB_* environment variables the operator sets; SETTINGS lists both."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import logging
-import math
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from ftjob import contract
@@ -34,179 +36,160 @@ SHUTDOWN_GRACE_S = 1.0
 LISTEN_BACKLOG = 16_384
 
 
-def _bounded(convert: Callable[[str], float], minimum: float, strict: bool, env_name: str) -> Callable[[str], float]:
-    """An argparse type: a number >= (``strict``: >) ``minimum``; the error names the flag's env variable too."""
+@dataclass(frozen=True)
+class Setting:
+    """One setting of the lighthouse: its flag, the environment variable it falls back to (the operator sets them),
+    the function that parses either one's text, and the default when neither is given."""
 
-    def parse(text: str) -> float:
+    flag: str
+    env: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+
+    @property
+    def dest(self) -> str:
+        """The attribute of the parsed namespace: --min-replicas -> min_replicas."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+def text(value: str) -> str:
+    """A string setting, taken as given."""
+    return value
+
+
+def integer(minimum: int) -> Callable[[str], int]:
+    """An integer >= ``minimum``; a ValueError says what is wrong with the text."""
+
+    def parse(value: str) -> int:
         try:
-            value = convert(text)
+            number = int(value)
         except ValueError:
-            value = math.nan
-        if not (value > minimum or (value == minimum and not strict)):
-            bound = f"{'>' if strict else '>='} {minimum:g}"
-            kind = "an integer" if convert is int else "a number"
-            raise argparse.ArgumentTypeError(f"must be {kind} {bound} (flag or env {env_name}), got {text!r}")
-        return value
+            raise ValueError(f"invalid int value: {value!r}") from None
+        if number < minimum:
+            raise ValueError(f"must be an integer >= {minimum}, got {value!r}")
+        return number
 
     return parse
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    env = os.environ
+def number(minimum: float, *, strict: bool) -> Callable[[str], float]:
+    """A number >= ``minimum`` (``strict``: >); NaN is refused (it compares false to every bound)."""
+
+    def parse(value: str) -> float:
+        try:
+            result = float(value)
+        except ValueError:
+            raise ValueError(f"invalid float value: {value!r}") from None
+        if not (result > minimum or (result == minimum and not strict)):
+            raise ValueError(f"must be a number {'>' if strict else '>='} {minimum:g}, got {value!r}")
+        return result
+
+    return parse
+
+
+def host_port(value: str) -> str:
+    """HOST:PORT to listen on."""
+    _, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"must be HOST:PORT (e.g. 0.0.0.0:{contract.LIGHTHOUSE_PORT}), got {value!r}")
+    return value
+
+
+def generations(value: str) -> dict[str, int]:
+    """GROUP:GENERATION,... as group id -> generation."""
+    return contract.parse_generations(value)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("--bind", contract.ENV_LIGHTHOUSE_BIND, host_port, f"0.0.0.0:{contract.LIGHTHOUSE_PORT}",
+            "HOST:PORT to listen on; port 0 picks a free one"),
+    Setting("--min-replicas", contract.ENV_MIN_REPLICAS, integer(1), 1,
+            "groups a quorum needs; below it nothing commits"),
+    Setting("--replicas", contract.ENV_REPLICAS, integer(1), None,
+            "groups that contribute; extra live groups are spares; unset: every up-to-date group"),
+    Setting("--groups", contract.ENV_GROUPS, integer(1), None,
+            "replica group ids are 0..GROUPS-1 (replicas + spares) and any other is refused with 403; unset: any "
+            "decimal id (the operator sets it and updates it on scaling)"),
+    Setting("--join-timeout", contract.ENV_JOIN_TIMEOUT_S, number(0, strict=False), 1.0,
+            "seconds a quorum waits for live or starting groups that have not asked yet"),
+    Setting("--heartbeat-timeout", contract.ENV_HEARTBEAT_TIMEOUT_S, number(0, strict=True), 5.0,
+            "seconds without a heartbeat before a group is dropped"),
+    Setting("--state-file", contract.ENV_LIGHTHOUSE_STATE_FILE, text, None,
+            "keeps the quorum id and committed step across restarts"),
+    Setting("--restore-quorum-id", contract.ENV_RESTORE_QUORUM_ID, integer(0), 0,
+            "quorum ids go on above this one (the operator sets the last id it saw when it replaces a lost "
+            "lighthouse)"),
+    Setting("--restore-step", contract.ENV_RESTORE_STEP, integer(0), 0,
+            "no quorum starts below this committed step while --restore-window lasts"),
+    Setting("--restore-window", contract.ENV_RESTORE_WINDOW_S, number(0, strict=False), 120.0,
+            "seconds to wait for a group holding --restore-step before going on from the best one that asks"),
+    Setting("--group-generations", contract.ENV_GROUP_GENERATIONS, generations, {},
+            "GROUP:GENERATION,...: each group's oldest generation that still runs; a process of an older one is "
+            "refused (the operator sets it on a replacement lighthouse and declares it again once the lighthouse "
+            "answers)"),
+    Setting("--guard-max-offences", contract.ENV_GUARD_MAX_OFFENCES, integer(1), DEFAULT_MAX_OFFENCES,
+            "a group's incarnation whose gradient the guard refused in this many steps within --guard-window-s is "
+            "evicted"),
+    Setting("--guard-window-s", contract.ENV_GUARD_WINDOW_S, number(0, strict=True), float(DEFAULT_WINDOW_S),
+            "seconds in which --guard-max-offences offences evict a group"),
+    Setting("--stall-factor", contract.ENV_STALL_FACTOR, number(0, strict=False), float(DEFAULT_FACTOR),
+            "evict a member whose progress stopped for max(--stall-floor-s, this x the median step) while every "
+            "other member waits in the step's collective; 0: off"),
+    Setting("--stall-floor-s", contract.ENV_STALL_FLOOR_S, number(0, strict=True), float(DEFAULT_FLOOR_S),
+            "the stall rule never fires sooner than this many seconds"),
+    Setting("--audit-file", contract.ENV_AUDIT_FILE, text, None,
+            "also append the audit trail's JSON lines to this file; they always go to stderr"),
+    Setting("--token-file", contract.ENV_TOKEN_FILE, text, None,
+            f"file holding the job's bearer token (or the token itself in {contract.ENV_TOKEN})"),
+    Setting("--operator-token-file", contract.ENV_OPERATOR_TOKEN_FILE, text, None,
+            "file holding the operator's bearer token, the only one the membership API accepts; it must differ from "
+            f"the job's (or the token itself in {contract.ENV_OPERATOR_TOKEN})"),
+    Setting("--tls-cert", contract.ENV_TLS_CERT_FILE, text, None,
+            "serve HTTPS/WSS only, with this certificate chain (PEM); with --tls-key. Unset: plain HTTP (local "
+            "development only)"),
+    Setting("--tls-key", contract.ENV_TLS_KEY_FILE, text, None, "the certificate's private key (PEM)"),
+)  # fmt: skip
+
+
+def _shown(default: Any) -> str:
+    if default is None or default == {}:
+        return "unset"
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The lighthouse's flags, one per SETTINGS row; each help names its env variable and default. Parsing with it
+    alone leaves an absent flag None: parse_args falls back to the environment, then the default."""
     p = argparse.ArgumentParser(
         prog="ftjob-trainer lighthouse",
         description="The per-step quorum service of one job. Every flag falls back to the environment variable named "
         "in its help (the operator sets them), then to the default shown.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    a = p.add_argument
-    a(
-        "--bind",
-        default=env.get(contract.ENV_LIGHTHOUSE_BIND, f"0.0.0.0:{contract.LIGHTHOUSE_PORT}"),
-        help=f"HOST:PORT to listen on (env {contract.ENV_LIGHTHOUSE_BIND}; port 0 picks a free one)",
-    )
-    a(
-        "--min-replicas",
-        type=int,
-        default=int(env.get(contract.ENV_MIN_REPLICAS, "1")),
-        help=f"groups a quorum needs; below it nothing commits (env {contract.ENV_MIN_REPLICAS})",
-    )
-    a(
-        "--replicas",
-        type=int,
-        default=int(env[contract.ENV_REPLICAS]) if env.get(contract.ENV_REPLICAS) else None,
-        help=f"groups that contribute; extra live groups are spares; None: every up-to-date group "
-        f"(env {contract.ENV_REPLICAS})",
-    )
-    a(
-        "--groups",
-        type=int,
-        default=int(env[contract.ENV_GROUPS]) if env.get(contract.ENV_GROUPS) else None,
-        help=f"replica group ids are 0..GROUPS-1 (replicas + spares) and any other is refused with 403; None: any "
-        f"decimal id (env {contract.ENV_GROUPS}; the operator sets it and updates it on scaling)",
-    )
-    a(
-        "--join-timeout",
-        type=float,
-        default=float(env.get(contract.ENV_JOIN_TIMEOUT_S, "1.0")),
-        help=f"seconds a quorum waits for live or starting groups that have not asked yet "
-        f"(env {contract.ENV_JOIN_TIMEOUT_S})",
-    )
-    a(
-        "--heartbeat-timeout",
-        type=float,
-        default=float(env.get(contract.ENV_HEARTBEAT_TIMEOUT_S, "5.0")),
-        help=f"seconds without a heartbeat before a group is dropped (env {contract.ENV_HEARTBEAT_TIMEOUT_S})",
-    )
-    a(
-        "--state-file",
-        default=env.get(contract.ENV_LIGHTHOUSE_STATE_FILE),
-        help=f"keeps the quorum id and committed step across restarts (env {contract.ENV_LIGHTHOUSE_STATE_FILE})",
-    )
-    a(
-        "--restore-quorum-id",
-        type=int,
-        default=int(env.get(contract.ENV_RESTORE_QUORUM_ID, "0")),
-        help=f"quorum ids go on above this one (env {contract.ENV_RESTORE_QUORUM_ID}; the operator sets the last id "
-        "it saw when it replaces a lost lighthouse)",
-    )
-    a(
-        "--restore-step",
-        type=int,
-        default=int(env.get(contract.ENV_RESTORE_STEP, "0")),
-        help=f"no quorum starts below this committed step while --restore-window lasts "
-        f"(env {contract.ENV_RESTORE_STEP})",
-    )
-    a(
-        "--restore-window",
-        type=float,
-        default=float(env.get(contract.ENV_RESTORE_WINDOW_S, "120")),
-        help=f"seconds to wait for a group holding --restore-step before going on from the best one that asks "
-        f"(env {contract.ENV_RESTORE_WINDOW_S})",
-    )
-    a(
-        "--group-generations",
-        default=env.get(contract.ENV_GROUP_GENERATIONS, ""),
-        help=f"GROUP:GENERATION,...: each group's oldest generation that still runs; a process of an older one is "
-        f"refused (env {contract.ENV_GROUP_GENERATIONS}; the operator sets it on a replacement lighthouse and "
-        "declares it again once the lighthouse answers)",
-    )
-    a(
-        "--guard-max-offences",
-        type=_bounded(int, 1, False, contract.ENV_GUARD_MAX_OFFENCES),
-        default=env.get(contract.ENV_GUARD_MAX_OFFENCES) or str(DEFAULT_MAX_OFFENCES),
-        help=f"a group's incarnation whose gradient the guard refused in this many steps within --guard-window-s is "
-        f"evicted (env {contract.ENV_GUARD_MAX_OFFENCES})",
-    )
-    a(
-        "--guard-window-s",
-        type=_bounded(float, 0, True, contract.ENV_GUARD_WINDOW_S),
-        default=env.get(contract.ENV_GUARD_WINDOW_S) or f"{DEFAULT_WINDOW_S:g}",
-        help=f"seconds in which --guard-max-offences offences evict a group (env {contract.ENV_GUARD_WINDOW_S})",
-    )
-    a(
-        "--stall-factor",
-        type=_bounded(float, 0, False, contract.ENV_STALL_FACTOR),
-        default=env.get(contract.ENV_STALL_FACTOR) or f"{DEFAULT_FACTOR:g}",
-        help=f"evict a member whose progress stopped for max(--stall-floor-s, this x the median step) while every "
-        f"other member waits in the step's collective; 0: off (env {contract.ENV_STALL_FACTOR})",
-    )
-    a(
-        "--stall-floor-s",
-        type=_bounded(float, 0, True, contract.ENV_STALL_FLOOR_S),
-        default=env.get(contract.ENV_STALL_FLOOR_S) or f"{DEFAULT_FLOOR_S:g}",
-        help=f"the stall rule never fires sooner than this many seconds (env {contract.ENV_STALL_FLOOR_S})",
-    )
-    a(
-        "--audit-file",
-        default=env.get(contract.ENV_AUDIT_FILE) or None,
-        help=f"also append the audit trail's JSON lines to this file; they always go to stderr "
-        f"(env {contract.ENV_AUDIT_FILE})",
-    )
-    a(
-        "--token-file",
-        default=env.get(contract.ENV_TOKEN_FILE),
-        help=f"file holding the job's bearer token (env {contract.ENV_TOKEN_FILE}, or the token itself in "
-        f"{contract.ENV_TOKEN})",
-    )
-    a(
-        "--operator-token-file",
-        default=env.get(contract.ENV_OPERATOR_TOKEN_FILE),
-        help=f"file holding the operator's bearer token, the only one the membership API accepts; it must differ from "
-        f"the job's (env {contract.ENV_OPERATOR_TOKEN_FILE}, or the token itself in {contract.ENV_OPERATOR_TOKEN})",
-    )
-    a(
-        "--tls-cert",
-        default=env.get(contract.ENV_TLS_CERT_FILE) or None,
-        help=f"serve HTTPS/WSS only, with this certificate chain (PEM; env {contract.ENV_TLS_CERT_FILE}); with "
-        "--tls-key. Unset: plain HTTP (local development only)",
-    )
-    a(
-        "--tls-key",
-        default=env.get(contract.ENV_TLS_KEY_FILE) or None,
-        help=f"the certificate's private key (PEM; env {contract.ENV_TLS_KEY_FILE})",
-    )
+    for s in SETTINGS:
+        p.add_argument(s.flag, default=None, help=f"{s.help} (env {s.env}; default: {_shown(s.default)})")
+    return p
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """The settings: each flag, else its env variable (an empty one is unset), else its default; a bad value of
+    either exits 2 naming the flag and the variable."""
+    env = os.environ if environ is None else environ
+    p = build_parser()
     args = p.parse_args(argv)
+    for s in SETTINGS:
+        given = getattr(args, s.dest)
+        raw = given if given is not None else env.get(s.env) or None
+        try:
+            setattr(args, s.dest, copy.copy(s.default) if raw is None else s.parse(raw))  # no shared {}
+        except ValueError as e:
+            p.error(f"{s.flag} (env {s.env}): {e}")
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together: give both (TLS) or neither (plain HTTP)")
-    host, sep, port = args.bind.rpartition(":")
-    if not sep or not port.isdigit():
-        p.error(f"--bind must be HOST:PORT (e.g. 0.0.0.0:{contract.LIGHTHOUSE_PORT}), got {args.bind!r}")
+    host, _, port = args.bind.rpartition(":")
     args.host, args.port = host or "0.0.0.0", int(port)
-    if args.min_replicas < 1:
-        p.error(f"--min-replicas must be >= 1, got {args.min_replicas}")
-    if args.join_timeout < 0 or args.heartbeat_timeout <= 0:
-        p.error("--join-timeout must be >= 0 and --heartbeat-timeout > 0")
-    if args.restore_quorum_id < 0 or args.restore_step < 0 or args.restore_window < 0:
-        p.error("--restore-quorum-id, --restore-step and --restore-window must be >= 0")
-    if args.replicas is not None and args.replicas < 1:
-        p.error(f"--replicas must be >= 1, got {args.replicas}")
-    if args.groups is not None and args.groups < max(1, args.replicas or 1):
-        p.error(f"--groups must be >= 1 and >= --replicas, got {args.groups}")
-    try:
-        args.group_generations = contract.parse_generations(args.group_generations)
-    except ValueError as e:
-        p.error(f"--group-generations (env {contract.ENV_GROUP_GENERATIONS}): {e}")
+    if args.groups is not None and args.groups < (args.replicas or 1):
+        p.error(f"--groups must be >= --replicas, got {args.groups} < {args.replicas}")
     outside = [g for g in args.group_generations if args.groups is not None and int(g) >= args.groups]
     if outside:
         p.error(f"--group-generations names group(s) {outside} outside 0..{args.groups - 1} (--groups)")
