@@ -1,5 +1,6 @@
-"""The chart grants exactly what operator/RBAC.md says the operator uses: no verb more (least privilege), no verb
-less (the operator would fail with 403 in-cluster). The one deliberate extra is documented in RBAC.md's notes."""
+"""The chart grants exactly what docs/operations/rbac.md says the operator uses: no verb more (least privilege),
+no verb less (the operator would fail with 403 in-cluster). The one deliberate extra is documented in the page's
+notes."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import re
 from tests.support.helm import render
 from tests.support.paths import REPO
 
-RBAC_DOC = REPO / "operator" / "RBAC.md"
-# RBAC.md's notes: with OwnerReferencesPermissionEnforcement on, blockOwnerDeletion needs this. We grant it so the
+RBAC_DOC = REPO / "docs" / "operations" / "rbac.md"
+# The page's notes: with OwnerReferencesPermissionEnforcement on, blockOwnerDeletion needs this. We grant it so the
 # chart works on such clusters too; it allows nothing but setting owner references to jobs.
 DOCUMENTED_EXTRAS = {("ftjob.dev", "faulttoleranttrainingjobs/finalizers", "update")}
 
 
 def documented() -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) for every row of the table in operator/RBAC.md."""
+    """(apiGroup, resource, verb) for every row of the table in docs/operations/rbac.md."""
     rows = set()
     for line in RBAC_DOC.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
