@@ -1,8 +1,7 @@
 """docs/reference/python-api.md: one mkdocstrings directive per public name of ftjob.ft (its ``__all__``).
 
-``__all__`` is read from the package's source, not by importing it: importing ftjob.ft freezes the garbage
-collector's view of the process (ftjob.ft.gc_freeze), which a docs build has no business doing. mkdocstrings then
-renders each name from the docstrings of the module that defines it.
+``__all__`` is read from the package's source, as mkdocstrings reads everything else on the page: no code of ftjob.ft
+runs for it. mkdocstrings renders each name from the docstrings of the module that defines it.
 """
 
 from __future__ import annotations
