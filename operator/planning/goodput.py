@@ -2,7 +2,7 @@
 
 The accumulator lives in .status.goodput (its `state` keeps what the next interval needs), so a restarted or newly
 elected operator goes on from the last accounted time and never counts an interval twice. The definition is in
-operator/README.md ("Goodput"); `advance` is the whole computation.
+docs/operations/observability.md ("Goodput"); `advance` is the whole computation.
 """
 
 from __future__ import annotations

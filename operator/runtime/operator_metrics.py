@@ -29,7 +29,7 @@ INTEGRITY_EVICTIONS = Counter(
 AUDIT_EVENTS = Counter("ftjob_audit_events_total", "Lighthouse audit records mirrored as Events on jobs.", ["kind"])
 IS_LEADER = Gauge("ftjob_operator_leader", "1 while this replica holds the leader Lease.")
 
-# per job (label sets removed when the job's worker stops); the definition: operator/README.md, "Goodput"
+# per job (label sets removed when the job's worker stops); the definition: docs/operations/observability.md, "Goodput"
 JOB = ["namespace", "job"]
 GOODPUT = Gauge("ftjob_job_goodput_ratio", "Share of the job's wall time or group-seconds that produced committed "
                 "steps.", [*JOB, "basis"])  # fmt: skip

@@ -1,4 +1,4 @@
-{{/* What the operator does in the namespaces it watches: exactly the rows of operator/RBAC.md. */}}
+{{/* What the operator does in the namespaces it watches: exactly the rows of docs/operations/rbac.md. */}}
 {{- define "ftjob.jobRules" -}}
 # kopf watches the jobs; ttlSecondsAfterFinished deletes finished ones. The operator never edits a job's spec.
 - apiGroups: ["ftjob.dev"]
