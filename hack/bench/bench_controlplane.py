@@ -50,6 +50,7 @@ from ftjob.contract.lighthouse_api import QuorumRequest
 from ftjob.ft.links.watch_link import link_timing
 
 from hack.bench.ws_lite import LiteSocket
+from tests.support.polling import StopWaiting, wait_for
 
 TOKEN = "bench-token"
 OPERATOR_TOKEN = "bench-operator-token"  # the membership API's (the bench's evictions play the operator)
@@ -344,10 +345,13 @@ def main() -> int:
                                    "PYTHONPATH": args.lighthouse_path or ""},
                               preexec_fn=lambda: os.sched_setaffinity(0, {args.lighthouse_cpu}))  # fmt: skip
         atexit.register(lambda: lh.poll() is None and (lh.terminate(), lh.wait(30)))  # also when the bench fails
-        deadline = time.monotonic() + 60
-        while not (m := re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read_text())):
-            assert lh.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+
+        def listening() -> re.Match[str] | None:
+            if lh.poll() is not None:
+                raise StopWaiting(f"the lighthouse exited {lh.returncode}: {log.read_text()}")
+            return re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read_text())
+
+        m = wait_for(listening, 60, "the lighthouse to listen", interval=0.1)
         url = f"http://127.0.0.1:{m.group(1)}"
         ctx = mp.get_context("spawn")
         pipes, procs = [], []

@@ -169,21 +169,16 @@ def run_recovery(core, custom, ns: str, op_log: Path, watcher: PodWatch, spare: 
             ]  # fmt: skip
             return min(times) if times else None
 
-        tc = None
-        deadline = time.monotonic() + 300
-        while tc is None and time.monotonic() < deadline:
-            try:
-                if len(contributors(lighthouse_status(core, ns, job), incarnation)) == REPLICAS:
-                    tc = time.time()
-            except Exception:
-                pass  # the lighthouse answers again on the next poll
-            if tc is None:
-                time.sleep(0.05)  # poll period of the measurement
+        # polled every 50 ms (the measurement's resolution); a lighthouse briefly not answering is a "not yet"
+        tc = wait_for(
+            lambda i=incarnation: len(contributors(lighthouse_status(core, ns, job), i)) == REPLICAS and time.time(),
+            300,
+            f"{job}: {REPLICAS} contributors back after kill {k + 1}",
+            interval=0.05,
+        )
         ta = wait_for(evicted, 60, f"eviction of group {group} in the operator log")
         tb = wait_for(replacement, 60, f"replacement pods of group {group}")
         tr = wait_for(lambda: replacement(table=watcher.running_at), 120, f"replacement of group {group} Running")
-        if tc is None:
-            raise SystemExit(f"{job}: {REPLICAS} contributors did not come back within 300 s after kill {k + 1}")
         a.append(ta - t0)
         b.append(tb - t0)
         r.append(tr - t0)

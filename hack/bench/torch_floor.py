@@ -1,5 +1,5 @@
 """The floor under a rejoin in hack/bench/bench_failover.py: what the bench's restarted worker
-(tests/trainer/test_manager_worker.py: two nn.Linear(WIDTH, WIDTH), Adam; the bench passes its WIDTH) costs with
+(tests/support/manager_worker.py: two nn.Linear(WIDTH, WIDTH), Adam; the bench passes its WIDTH) costs with
 torch alone, no fault tolerance at all. It imports torch, builds the same model and optimizer (torch.optim imports
 torch._dynamo, ~900 modules), trains one local step and prints one JSON line with the times of each, on the same
 clock as the bench's spawn time. No library can start a rank faster than this; what ftjob's restarted process takes

@@ -1,5 +1,5 @@
 """torchft's side of hack/bench/bench_failover.py's rejoin figure: the same tiny model and loop as ours
-(tests/trainer/test_manager_worker.py: two nn.Linear(64, 64), Adam, one rank per group, a 0.02 s pause per step),
+(tests/support/manager_worker.py: two nn.Linear(64, 64), Adam, one rank per group, a 0.02 s pause per step),
 coordinated by torchft (0.2.0, as the ``bench`` extra pins it: its Rust lighthouse, Manager, reconfigurable gloo
 process group and DDP wrapper) instead of ftjob. The worker prints the same JSON events as ours (boot, ready, step),
 so the bench measures a restarted group's process start -> first commit -> first contributing commit the same way

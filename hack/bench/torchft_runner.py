@@ -10,7 +10,7 @@ the wall time of each committed step is recorded per group.
 Only the torchft package's public API is called (torchft.coordination, torchft.manager, torchft.process_group,
 torchft.ddp); it is imported inside the child processes, so importing this module needs no torchft.
 
-Run alone: ``python hack/bench/torchft_runner.py run --groups 3 --steps 20 --model tiny --out DIR``.
+Run alone, from the repo root: ``python -m hack.bench.torchft_runner run --groups 3 --steps 20 --model tiny --out DIR``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ftjob.operator.state import names
 from ftjob.operator.state.job_state import GroupState
 
 from tests.support.podfactory import JOB, spec
+from tests.support.polling import StopWaiting, wait_for
 
 TOKEN = "operator-tls-token"
 WORKER_TOKEN = "worker-tls-token"
@@ -99,10 +99,13 @@ def tls_lighthouse(tmp_path: Path) -> Iterator[tuple[int, dict[str, Path]]]:
     cmd = [sys.executable, "-m", "ftjob.lighthouse", "--bind", "127.0.0.1:0", "--tls-cert",
            str(files[pki.LIGHTHOUSE_CERT]), "--tls-key", str(files[pki.LIGHTHOUSE_KEY])]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 60
-    while not (m := re.search(r"listening on 127\.0\.0\.1:(\d+) over TLS", log.read_text())):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)  # poll interval of a deadline loop
+
+    def listening() -> re.Match[str] | None:
+        if proc.poll() is not None:
+            raise StopWaiting(f"the lighthouse exited {proc.returncode}: {log.read_text()}")
+        return re.search(r"listening on 127\.0\.0\.1:(\d+) over TLS", log.read_text())
+
+    m = wait_for(listening, 60, "the TLS lighthouse to listen", interval=0.05)
     yield int(m.group(1)), files
     proc.kill()
     proc.wait(30)

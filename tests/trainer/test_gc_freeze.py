@@ -1,5 +1,5 @@
 """ftjob.ft.gc_freeze: loading the library freezes what the process loaded so far (torch above all) out of CPython's
-full collections, which otherwise rescan it over and over while a replacement rank starts (issue 11: rejoin time).
+full collections, which otherwise rescan it over and over while a replacement rank starts (it slows a rejoin).
 Each case runs in a fresh interpreter: freezing is process-wide."""
 
 from __future__ import annotations

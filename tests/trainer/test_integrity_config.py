@@ -44,9 +44,9 @@ def test_bad_integrity_flags_say_what_to_fix(argv: list[str], message: str) -> N
 def test_the_launcher_passes_the_fault_and_the_digest_interval_to_every_group(tmp_path: Path) -> None:
     spec = "group=2,kind=bitflip,step=15"
     cfg = _launch_cfg("--replicas=3", f"--run-dir={tmp_path}", f"--inject-fault={spec}", "--digest-every=5")
-    env = Launcher(cfg)._env()
+    env = Launcher(cfg).group_env
     assert env[contract.ENV_FAULT_INJECTION] == spec and env[contract.ENV_DIGEST_EVERY] == "5"
-    assert contract.ENV_FAULT_INJECTION not in Launcher(_launch_cfg(f"--run-dir={tmp_path}"))._env()
+    assert contract.ENV_FAULT_INJECTION not in Launcher(_launch_cfg(f"--run-dir={tmp_path}")).group_env
 
 
 def test_each_incarnation_of_a_group_learns_its_generation(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import sys
 
 import ftjob.ft as ft
 
-# Modules the Manager's path (tests/trainer/test_manager_worker.py, hack/bench/bench_failover.py) never needs.
+# Modules the Manager's path (tests/support/manager_worker.py, hack/bench/bench_failover.py) never needs.
 NOT_ON_THE_MANAGER_PATH = {
     "wrappers.data",
     "wrappers.ddp",

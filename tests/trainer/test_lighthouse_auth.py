@@ -190,8 +190,8 @@ def test_the_local_launcher_plays_the_operator_with_its_own_token(tmp_path: Path
     p = argparse.ArgumentParser()
     add_launch_flags(p)
     launcher = Launcher(config_from_args(p.parse_args(["--replicas=2", "--spares=1", f"--run-dir={tmp_path}"])))
-    args, env = launcher._lighthouse()
-    groups_env = launcher._env()
+    args, env = launcher.lighthouse_launch
+    groups_env = launcher.group_env
     assert contract.ENV_OPERATOR_TOKEN not in groups_env and launcher.operator_token not in groups_env.values()
     assert (
         env[contract.ENV_OPERATOR_TOKEN] == launcher.operator_token != launcher.token == groups_env[contract.ENV_TOKEN]

@@ -1,4 +1,4 @@
-"""The gradient guard through the real Manager: groups in subprocesses (tests/trainer/test_manager_worker.py) and a
+"""The gradient guard through the real Manager: groups in subprocesses (tests/support/manager_worker.py) and a
 real lighthouse. One group's gradients are corrupted (FTJOB_FAULT_INJECTION: NaN, or x1000) for a few step attempts;
 every group refuses those attempts alike, nothing commits anywhere, the verdict names the faulty group (in each
 group's error and at the lighthouse), and the job ends bitwise where a run without the fault ends: the refused

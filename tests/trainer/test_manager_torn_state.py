@@ -17,11 +17,14 @@ from tests.support.local_job import TOKEN, Lighthouse, Worker
 from tests.support.polling import wait_for
 
 TIMEOUT = 120
-WIDTH = 16  # test_manager_worker's default model: two nn.Linear(16, 16), Adam, a data cursor
+WIDTH = 16  # tests/support/manager_worker.py's default model: two nn.Linear(16, 16), Adam, a data cursor
 
 
-def torn_healer(tmp_path: Path, procs: list, monkeypatch: Any) -> tuple[Lighthouse, Worker, Manager, Callable]:
-    """Group 0 trains ahead; group 1 (here) joins, and its first heal fails after tearing its state."""
+def torn_healer(
+    tmp_path: Path, procs: list, monkeypatch: Any
+) -> tuple[Lighthouse, Worker, Manager, Callable, torch.nn.Module]:
+    """Group 0 trains ahead; group 1 (here) joins, and its first heal fails after tearing its state. Also returns
+    group 1's model: what the Manager heals into."""
     import ftjob.ft.step.manager as manager_module
     from ftjob.ft.recovery.transport import RecoveryError
     from ftjob.ft.step.manager import ManagerConfig
@@ -70,14 +73,14 @@ def torn_healer(tmp_path: Path, procs: list, monkeypatch: Any) -> tuple[Lighthou
 
     assert not step() and mgr.step == 0 and mgr.metrics["heals"] == 0  # the torn heal: nothing committed
     assert all(torch.isnan(p).all() for p in model.parameters())
-    return lh, ahead, mgr, step
+    return lh, ahead, mgr, step, model
 
 
 def test_a_torn_state_heals_again_from_the_peer_ahead(tmp_path: Path, procs: list, monkeypatch):
-    _, _, mgr, step = torn_healer(tmp_path, procs, monkeypatch)
+    _, _, mgr, step, model = torn_healer(tmp_path, procs, monkeypatch)
     try:
         wait_for(lambda: step() and mgr.metrics["heals"] == 1, TIMEOUT, "a whole heal and a commit")
-        assert mgr.step > 3 and all(torch.isfinite(p).all() for p in mgr._state_dict()["model"].values())
+        assert mgr.step > 3 and all(torch.isfinite(p).all() for p in model.parameters())
     finally:
         mgr.shutdown()
 
@@ -87,7 +90,7 @@ def test_a_torn_state_with_no_peer_ahead_exits_instead_of_training(tmp_path: Pat
     so group 1, torn, would be the job's most advanced group: it must exit (its replacement restores the checkpoint)."""
     from ftjob.ft.step.manager_types import StateLostError
 
-    lh, ahead, mgr, step = torn_healer(tmp_path, procs, monkeypatch)
+    lh, ahead, mgr, step, _ = torn_healer(tmp_path, procs, monkeypatch)
     try:
         ahead.kill()
         lh.kill()

@@ -1,4 +1,4 @@
-"""TLS (issue 12): the lighthouse and the recovery servers speak only TLS with the job's certificates, and only a
+"""TLS: the lighthouse and the recovery servers speak only TLS with the job's certificates, and only a
 client holding the job's CA gets through; one without it (the system trust store), one with another job's CA and
 plain HTTP are refused. Also what the certificates carry and how the env contract turns TLS on."""
 

@@ -17,6 +17,8 @@ from ftjob.ft.links.lighthouse_client import LighthouseClient
 from ftjob.ft.links.watch_link import LINK_PING_S, LINK_PONG_S, link_timing
 from ftjob.lighthouse.api.watch import TIMEOUT_BEATS, HeartbeatPace
 
+from tests.support.polling import wait_for
+
 ANSWER = QuorumResponse(quorum_id=1, max_step=0, replica_rank=0, replica_world_size=1, contributing=True,
                         contributor_rank=0, num_contributors=1, heal=False, store_address="127.0.0.1:2",
                         store_addresses=["127.0.0.1:2"], store_prefix="q1", abort_below=0)  # fmt: skip
@@ -81,13 +83,6 @@ def busy_lighthouse() -> Iterator[FakeWatch]:
     lh.stop()
 
 
-def wait_for(what: object, predicate: object, deadline_s: float = 10.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"not within {deadline_s}s: {what}"
-        time.sleep(0.01)
-
-
 def test_link_timing_is_the_old_one_at_the_fastest_pace_and_never_tighter_than_the_heartbeat_budget():
     assert link_timing(0.1) == (LINK_PING_S, LINK_PONG_S)  # a small job: a vanished lighthouse is noticed within 3 s
     for groups in (8, 2_000, 12_500, 100_000):
@@ -105,12 +100,12 @@ def test_the_open_watch_socket_follows_the_pushed_pace(busy_lighthouse: FakeWatc
         slow = link_timing(1.6)
         assert slow[1] >= TIMEOUT_BEATS * 1.6
         # the hello frame's pace reaches the live socket's ping period and pong allowance (aiohttp's own timers)
-        wait_for("the hello's pace", lambda: client._ws is not None and client._ws.timing == slow)
+        wait_for(lambda: client.open_socket_timing == slow, 10, "the hello's pace", interval=0.01)
         assert client.link_timing == slow
         busy_lighthouse.push(0.1)  # the groups left: back to the fast pace, a lost lighthouse noticed within 3 s
-        wait_for("the fast pace", lambda: client._ws is not None and client._ws.timing == (LINK_PING_S, LINK_PONG_S))
+        wait_for(lambda: client.open_socket_timing == (LINK_PING_S, LINK_PONG_S), 10, "the fast pace", interval=0.01)
         busy_lighthouse.push(0.8)
-        wait_for("a slower pace again", lambda: client._ws is not None and client._ws.timing == link_timing(0.8))
+        wait_for(lambda: client.open_socket_timing == link_timing(0.8), 10, "a slower pace again", interval=0.01)
         assert client.reconnects == 0  # the pace changed on the open socket
     finally:
         client.close()
@@ -121,7 +116,7 @@ def test_a_quorum_request_counts_as_a_heartbeat(busy_lighthouse: FakeWatch):
     its requests (the lighthouse reads half the frames per round), and beats again once it stops asking."""
     client = LighthouseClient(f"http://127.0.0.1:{busy_lighthouse.port}", "t", "0", "inc-0").start()
     try:
-        wait_for("the hello's pace", lambda: client._ws is not None and client._ws.timing == link_timing(1.6))
+        wait_for(lambda: client.open_socket_timing == link_timing(1.6), 10, "the hello's pace", interval=0.01)
         req = QuorumRequest(group="0", incarnation="inc-0", step=0, quorum_id=0, address="127.0.0.1:1",
                             store_address="127.0.0.1:2")  # fmt: skip
         for step in range(60):  # back-to-back steps for about two heartbeat periods
@@ -136,6 +131,11 @@ def test_a_quorum_request_counts_as_a_heartbeat(busy_lighthouse: FakeWatch):
         assert asking.count("quorum") == 60
         assert "beat" not in asking, f"heartbeats between quorum requests 50 ms apart: {asking.count('beat')}"
         beats = frames.count("beat")
-        wait_for("a heartbeat once the group stops asking", lambda: busy_lighthouse.frames.count("beat") > beats)
+        wait_for(
+            lambda: busy_lighthouse.frames.count("beat") > beats,
+            10,
+            "a heartbeat once the group stops asking",
+            interval=0.01,
+        )
     finally:
         client.close()
