@@ -250,5 +250,5 @@ def test_one_digest_alone_is_not_compared_and_old_steps_are_let_go():
     assert checks.digests_compared == 1
     for step in (3, 4, 5):
         digest(checks, members, "0", step, "a")
-    assert len(checks._steps) == 2  # bounded
+    assert checks.steps_kept == 2  # bounded
     assert digest(checks, members, "1", 1, "zzz") == []  # too old: not kept any more

@@ -261,6 +261,11 @@ class LinkClient:
         except OSError:
             pass  # the reader notices the drop
 
+    @property
+    def reading(self) -> bool:
+        """Whether this rank still reads the link from rank 0 (False once it closed, cleanly or not)."""
+        return self._thread.is_alive()
+
     def _read(self) -> None:
         while (frame := _recv_exact(self._sock, DOWN.size)) is not None:
             value = DOWN.unpack(frame)[0]

@@ -118,6 +118,11 @@ class IntegrityChecks:
             last_compared_step=self.last_compared_step,
         )
 
+    @property
+    def steps_kept(self) -> int:
+        """How many digest steps are remembered now: never more than ``keep_steps``."""
+        return len(self._steps)
+
     # --- requests ------------------------------------------------------------------------------------------------
     @staticmethod
     def validate(req: QuorumRequest) -> None:
