@@ -243,19 +243,19 @@ def run_torchft(cfg: TrainConfig, groups: int, out: Path, timeout_s: float = 600
                 subprocess.Popen(_script("worker", f"--group={g}", *args), env=env, stdout=stdout, stderr=logs[-1])
             )
         procs.extend(workers)
-        deadline = time.monotonic() + timeout_s
         pending = dict(enumerate(workers))
-        while pending:  # poll all: one group failing makes the others block in their quorum, so fail fast
+
+        def all_done() -> bool:  # polls all: one group failing makes the others block in their quorum, so fail fast
             for g, p in list(pending.items()):
                 rc = p.poll()
                 if rc is None:
                     continue
                 if rc != 0:
-                    raise RuntimeError(f"torchft group {g} exited with code {rc}:\n{_tail(out / f'group-{g}.log')}")
+                    raise StopWaiting(f"torchft group {g} exited with code {rc}:\n{_tail(out / f'group-{g}.log')}")
                 del pending[g]
-            if pending and time.monotonic() > deadline:
-                raise RuntimeError(f"torchft groups {sorted(pending)} still running after {timeout_s:.0f} s")
-            time.sleep(0.05)
+            return not pending
+
+        wait_for(all_done, timeout_s, "the torchft groups to finish", 0.05, lambda: f"still running: {sorted(pending)}")
     finally:
         _stop(procs)
         for f in logs:
