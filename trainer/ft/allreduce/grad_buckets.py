@@ -51,7 +51,7 @@ def unflatten_into(flat: torch.Tensor, grads: Sequence[torch.Tensor], divisor: i
     if divisor > 1:
         flat.div_(divisor)
     pieces = flat.split([g.numel() for g in grads])
-    torch._foreach_copy_(list(grads), [piece.view_as(g) for piece, g in zip(pieces, grads, strict=True)])
+    torch.foreach.copy_(list(grads), [piece.view_as(g) for piece, g in zip(pieces, grads, strict=True)])
 
 
 class BackwardLauncher:

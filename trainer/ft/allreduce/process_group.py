@@ -112,9 +112,7 @@ class CrossGroupPG:
 
     def _new_group(self, store: dist.Store, replica_rank: int, world: int) -> Any:
         if self.device.startswith("cuda"):
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = self._timeout
-            return dist.ProcessGroupNCCL(store, replica_rank, world, opts)
+            return dist.ProcessGroupNCCL(store, replica_rank, world, self._timeout)
         return dist.ProcessGroupGloo(store, replica_rank, world, self._timeout)
 
     def configure(

@@ -10,7 +10,7 @@ import torch
 from ftjob.ft.setup import current_session
 from ftjob.ft.step.session import Session
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves  # private: torch has no public pytree (tests/trainer/test_private_hooks.py)
 
 
 class DistributedDataParallel(nn.Module):
@@ -71,10 +71,10 @@ def _average_after_backward(out: Any, session: Session) -> None:
     def hook(_grad: torch.Tensor) -> None:
         if not queued[0]:
             queued[0] = True
-            engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+            queue = torch.autograd.graph.queue_callback
             # Re-queued from the first callback, ours runs after every callback queued meanwhile (FSDP2's
             # reduce-scatter finishes in one): the gradients are final when it averages them.
-            engine.queue_callback(lambda: engine.queue_callback(session.end_backward))
+            queue(lambda: queue(session.end_backward))
 
     for t in tensors:
         t.register_hook(hook)
