@@ -10,7 +10,6 @@ moment a new aiohttp renames, drops or re-signs one of the hooks, before a light
   ``_pong_heartbeat`` and reschedules with ``_reset_heartbeat()``.
 - ``ftjob.lighthouse.api.http_errors.JsonErrorRunner`` overrides ``AppRunner._make_server`` and builds the connection
   handler from ``Server._loop`` / ``Server._kwargs``.
-- ``ftjob.lighthouse.cli`` reads the bound port from ``TCPSite._server``.
 """
 
 from __future__ import annotations
@@ -123,7 +122,7 @@ def test_pace_changes_the_timing_of_an_open_client_socket() -> None:
         ws._loop.close()
 
 
-# --- the lighthouse's JSON errors and its bound port ----------------------------------------------------------------
+# --- the lighthouse's JSON errors ---------------------------------------------------------------------------------
 
 
 def test_the_runner_still_builds_its_server_in_make_server() -> None:
@@ -135,8 +134,3 @@ def test_the_runner_still_builds_its_server_in_make_server() -> None:
 def test_the_server_builds_its_connection_handlers_from_loop_and_kwargs() -> None:
     assert "RequestHandler(self,loop=self._loop,**self._kwargs)" in source(web.Server.__call__)
     assert params(RequestHandler.handle_error) == ["self", "request", "status", "exc", "message"]
-
-
-def test_the_tcp_site_keeps_its_listening_server() -> None:
-    assert "_server" in web.BaseSite.__slots__
-    assert "self._server=awaitloop.create_server(" in source(web.TCPSite.start)

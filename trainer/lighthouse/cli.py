@@ -249,7 +249,7 @@ async def serve(args: argparse.Namespace, token: str, operator_token: str) -> No
     site = web.TCPSite(runner, args.host, args.port, reuse_address=True, ssl_context=tls,
                        backlog=LISTEN_BACKLOG)  # fmt: skip
     await site.start()
-    port = site._server.sockets[0].getsockname()[1] if args.port == 0 and site._server else args.port
+    port = site.port  # once started, the port bound (the kernel's pick for a --bind with port 0)
     print(
         f"lighthouse listening on {args.host}:{port} over {'TLS' if tls else 'plain HTTP'} "
         f"(min_replicas={args.min_replicas}, "
