@@ -12,17 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# node-problem-detector's default problem conditions, and the GPU-health conditions common health agents set
-DEFAULT_CONDITIONS: tuple[tuple[str, str], ...] = (
-    ("KernelDeadlock", "True"),
-    ("ReadonlyFilesystem", "True"),
-    ("FrequentKubeletRestart", "True"),
-    ("FrequentContainerdRestart", "True"),
-    ("FrequentDockerRestart", "True"),
-    ("CorruptDockerOverlay2", "True"),
-    ("GpuUnhealthy", "True"),
-    ("XidCriticalError", "True"),
-)
 # NoExecute taints the node lifecycle controller sets on a lost node: that is a lost node (replaced at once), not a
 # degrading one.
 LOST_NODE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
@@ -62,27 +51,15 @@ class NodeView:
 
 @dataclass(frozen=True)
 class NodeHealthPolicy:
-    """`spec.nodeHealth`: what makes a node degrading for this job, and whether its groups move off it."""
+    """`spec.nodeHealth` as the planner reads it: what makes a node degrading for this job, and whether its groups
+    move off it. No defaults here: ftjob.operator.state.job_spec.NodeHealthSpec declares them (next to the CRD's) and
+    builds this policy."""
 
-    migrate: bool = True
-    conditions: tuple[tuple[str, str], ...] = DEFAULT_CONDITIONS  # (type, status) pairs
-    taints: tuple[tuple[str, str], ...] = ()  # (key, effect); effect "" matches any effect
-    no_execute_taints: bool = True
-    cordoned: bool = True
-
-    @classmethod
-    def from_dict(cls, spec: Mapping[str, Any] | None) -> NodeHealthPolicy:
-        spec = spec or {}
-        conditions = spec.get("conditions")
-        return cls(
-            migrate=bool(spec.get("migrate", True)),
-            conditions=DEFAULT_CONDITIONS
-            if conditions is None
-            else tuple((str(c["type"]), str(c.get("status", "True"))) for c in conditions),
-            taints=tuple((str(t["key"]), str(t.get("effect") or "")) for t in spec.get("taints") or []),
-            no_execute_taints=bool(spec.get("noExecuteTaints", True)),
-            cordoned=bool(spec.get("cordoned", True)),
-        )
+    migrate: bool
+    conditions: tuple[tuple[str, str], ...]  # (type, status) pairs
+    taints: tuple[tuple[str, str], ...]  # (key, effect); effect "" matches any effect
+    no_execute_taints: bool
+    cordoned: bool
 
     def degraded(self, node: NodeView) -> str | None:
         """Why this node is degrading (a line for Events and status), or None while it is healthy."""

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 import annotated_types
 from ftjob import contract
-from ftjob.operator.planning.node_health import DEFAULT_CONDITIONS, NodeHealthPolicy
+from ftjob.operator.planning.node_health import NodeHealthPolicy
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -252,25 +252,40 @@ class NodeTaint(SpecModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
-_NODE_HEALTH_DEFAULTS = NodeHealthPolicy()  # the planner's policy holds these defaults; the spec reads them there
+# node-problem-detector's default problem conditions, and the GPU-health conditions common health agents set. The CRD
+# names them in its description and declares no default: a job that sets none follows the list of the operator that
+# runs it, not a copy the apiserver stored at creation.
+DEFAULT_NODE_CONDITIONS: tuple[NodeCondition, ...] = tuple(
+    NodeCondition(type=name)
+    for name in (
+        "KernelDeadlock",
+        "ReadonlyFilesystem",
+        "FrequentKubeletRestart",
+        "FrequentContainerdRestart",
+        "FrequentDockerRestart",
+        "CorruptDockerOverlay2",
+        "GpuUnhealthy",
+        "XidCriticalError",
+    )
+)
 
 
 class NodeHealthSpec(SpecModel):
-    """`spec.nodeHealth`, checked as the CRD does; `policy()` is what the planner reads."""
+    """`spec.nodeHealth`, checked as the CRD does, with the defaults the planner's policy gets; `policy()` is what the
+    planner reads."""
 
-    migrate: StrictBool = _NODE_HEALTH_DEFAULTS.migrate
-    # None: the planner's defaults (node-problem-detector's and common GPU-health conditions); []: none
-    conditions: tuple[NodeCondition, ...] | None = Field(None, max_length=64)
+    migrate: StrictBool = True
+    # unset (or null): DEFAULT_NODE_CONDITIONS; []: conditions never mean "degrading"
+    conditions: tuple[NodeCondition, ...] = Field(DEFAULT_NODE_CONDITIONS, max_length=64)
     taints: tuple[NodeTaint, ...] = Field((), max_length=64)
-    no_execute_taints: StrictBool = Field(_NODE_HEALTH_DEFAULTS.no_execute_taints, alias="noExecuteTaints")
-    cordoned: StrictBool = _NODE_HEALTH_DEFAULTS.cordoned
+    no_execute_taints: StrictBool = Field(True, alias="noExecuteTaints")
+    cordoned: StrictBool = True
 
     def policy(self) -> NodeHealthPolicy:
         """The planner's view: (type, status) and (key, effect) pairs."""
-        listed = self.conditions
         return NodeHealthPolicy(
             migrate=self.migrate,
-            conditions=DEFAULT_CONDITIONS if listed is None else tuple((c.type, c.status) for c in listed),
+            conditions=tuple((c.type, c.status) for c in self.conditions),
             taints=tuple((t.key, t.effect or "") for t in self.taints),
             no_execute_taints=self.no_execute_taints,
             cordoned=self.cordoned,

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Union
 
 import pytest
 import yaml
-from ftjob.operator.state.job_spec import JobSpec, SpecModel
+from ftjob.operator.state.job_spec import DEFAULT_NODE_CONDITIONS, JobSpec, SpecModel
 from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
@@ -139,12 +139,23 @@ def test_the_walk_sees_a_default_a_bound_and_a_field_that_differ():
     schema["properties"]["failurePolicy"]["properties"]["rules"]["items"]["properties"]["action"]["enum"].pop()
     schema["properties"]["integrity"]["properties"]["gradientGuard"]["properties"]["minSteps"] = {"type": "integer"}
     del schema["properties"]["tls"]["properties"]["enabled"]
+    schema["properties"]["nodeHealth"]["properties"]["cordoned"]["default"] = False
     found = "\n".join(disagreements(schema, JobSpec, "spec"))
     assert "spec.lighthouse.joinTimeoutSeconds: CRD default 2, model default 1.0" in found
     assert "spec.podsPerReplica: CRD bounds {'minimum': 1, 'maximum': 512}" in found
     assert "spec.failurePolicy.rules.action: CRD bounds {'enum': ['RestartGroup', 'FailJob']}" in found
     assert "spec.integrity.gradientGuard.minSteps: in the CRD, unknown to GradientGuard" in found
     assert "spec.tls.enabled: a field of TlsSpec the CRD lacks" in found
+    assert "spec.nodeHealth.cordoned: CRD default False, model default True" in found
+
+
+def test_the_crd_names_the_default_node_conditions_the_model_applies():
+    # no schema default (the list is the running operator's), so the CRD states it in words: the same list
+    words = crd_spec_schema()["properties"]["nodeHealth"]["properties"]["conditions"]["description"]
+    listed = re.search(r"\(default ([^;)]+), each with status True\)", words)
+    assert listed, words
+    assert listed.group(1).split(", ") == [c.type for c in DEFAULT_NODE_CONDITIONS]
+    assert {c.status for c in DEFAULT_NODE_CONDITIONS} == {"True"}
 
 
 # --- the spec the operator reads ----------------------------------------------------------------------------------

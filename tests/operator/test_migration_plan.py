@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ftjob.operator.planning.migration import REASON_NODE_DEGRADED
-from ftjob.operator.planning.node_health import NodeFailureTracker, NodeHealthPolicy, NodeView
+from ftjob.operator.planning.node_health import NodeFailureTracker, NodeView
 from ftjob.operator.planning.plan import PHASE_RUNNING, Observed, Result, plan
 from ftjob.operator.state import names
 from ftjob.operator.state.job_state import OUTCOME_FAILED, JobState
@@ -81,7 +81,7 @@ def test_healthy_nodes_and_migrate_false_move_nothing():
 
 
 def test_node_health_policy_defaults_and_lists():
-    p = NodeHealthPolicy.from_dict({})
+    p = spec().node_health  # no nodeHealth: the spec model's defaults
     assert "KernelDeadlock" in (
         p.degraded(NodeView(ready=True, conditions=(("KernelDeadlock", "True", "hung"),))) or ""
     )
@@ -91,9 +91,16 @@ def test_node_health_policy_defaults_and_lists():
     lost = NodeView(ready=False, taints=(("node.kubernetes.io/unreachable", "", "NoExecute"),))
     assert p.degraded(lost) is None  # a lost node is replaced at once, not migrated
     assert p.degraded(NodeView(ready=True, taints=(("gpu-flaky", "", "NoSchedule"),))) is None
-    custom = NodeHealthPolicy.from_dict(
-        {"conditions": [{"type": "GpuXid", "status": "True"}], "taints": [{"key": "gpu-flaky"}], "cordoned": False}
-    )
+    custom = spec(
+        nodeHealth={
+            "conditions": [{"type": "GpuXid", "status": "True"}],
+            "taints": [{"key": "gpu-flaky"}],
+            "cordoned": False,
+        }
+    ).node_health
+    hung = NodeView(ready=True, conditions=(("KernelDeadlock", "True", ""),))
+    assert spec(nodeHealth={"conditions": None}).node_health == p  # null reads as unset: the default conditions
+    assert spec(nodeHealth={"conditions": []}).node_health.degraded(hung) is None  # [] turns conditions off
     assert custom.degraded(NodeView(ready=True, conditions=(("GpuXid", "True", ""),))) is not None
     assert custom.degraded(NodeView(ready=True, conditions=(("KernelDeadlock", "True", ""),))) is None
     assert custom.degraded(NodeView(ready=True, taints=(("gpu-flaky", "", "NoSchedule"),))) is not None
