@@ -11,7 +11,7 @@ import pytest
 from ftjob import contract
 from ftjob.contract.lighthouse_api import AuditRecord, DroppedEvent, IntegrityStatus, QuorumEvent, StatusResponse
 from ftjob.operator.kubectl.status_view import header
-from ftjob.operator.lighthouse.audit_mirror import AuditMark, AuditMirror, event_name, unmirrored
+from ftjob.operator.lighthouse.audit_mirror import AuditMark, AuditMirror, event_for, event_name, unmirrored
 from ftjob.operator.lighthouse.view import LighthouseView
 from ftjob.operator.planning.integrity_evictions import Drop, integrity_drops, integrity_reason, status_integrity
 from ftjob.operator.planning.plan import Observed, Result, plan
@@ -285,3 +285,11 @@ def test_the_stall_rule_settings_reach_the_lighthouse_pod():
     tuned = spec(lighthouse={"stallFactor": 0, "stallFloorSeconds": 2.5})
     lh = env_of(builders.lighthouse_pod(JOB, "ns", tuned, 0)["spec"]["containers"][0])
     assert (lh[contract.ENV_STALL_FACTOR], lh[contract.ENV_STALL_FLOOR_S]) == ("0", "2.5")
+
+
+def test_an_outdated_incarnation_refused_after_a_hand_over_is_routine():
+    handed_over = record(1, "refused", "1", "GET /v1/watch: group '1' incarnation 'ab' was handed_over: migrating")
+    unauthenticated = record(2, "refused", None, "401 unauthenticated")
+    routine, warning = event_for(handed_over, 1), event_for(unauthenticated, 1)
+    assert (routine.type, routine.reason) == ("Normal", "OutdatedIncarnationRefused")
+    assert (warning.type, warning.reason) == ("Warning", "LighthouseRefused")
