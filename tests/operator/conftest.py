@@ -7,10 +7,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from tests.support.cluster import Kube, cluster, failed, kubectl, node_names
-from tests.support.operator_cluster import CRD, OperatorProc, set_unschedulable, start_operator
+from tests.support.operator_cluster import CRD, OperatorProc, node_ready, set_unschedulable, start_operator
 from tests.support.polling import wait_for
 from tests.support.trainer_runs import RECORDS_ROOT, run_summary
 
@@ -52,10 +51,6 @@ def operators(kube, crd, namespace, tmp_path) -> Iterator[Callable[..., Operator
             op.stop()
         for i, op in enumerate(started):
             print(f"\n----- operator {i} log (tail) -----\n{op.logs()[-6000:]}")
-
-
-def node_ready(core: client.CoreV1Api, node: str) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in core.read_node(node).status.conditions or [])
 
 
 @pytest.fixture

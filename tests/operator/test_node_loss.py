@@ -4,14 +4,13 @@ operator replaces only the group on that node, on another node, and does not lea
 from __future__ import annotations
 
 import pytest
-from ftjob import contract
-from kubernetes import client
 
 from tests.support.cluster import cluster
 from tests.support.operator_cluster import (
     create_job,
     get_job,
     job_manifest,
+    lighthouse_scheduled,
     patch_job,
     running_groups,
     set_unschedulable,
@@ -19,12 +18,6 @@ from tests.support.operator_cluster import (
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-def lighthouse_scheduled(core: client.CoreV1Api, ns: str, job: str) -> client.V1Pod | None:
-    sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
-    pods = [p for p in core.list_namespaced_pod(ns, label_selector=sel).items if p.spec.node_name]
-    return pods[0] if len(pods) == 1 else None
 
 
 def test_lost_node_replaces_only_its_group_elsewhere(kube, namespace, operators, two_nodes):

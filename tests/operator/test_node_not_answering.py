@@ -15,6 +15,8 @@ from tests.support.operator_cluster import (
     create_job,
     get_job,
     job_manifest,
+    lighthouse_scheduled,
+    node_ready,
     patch_job,
     running_groups,
     set_unschedulable,
@@ -35,17 +37,6 @@ def stock_node_grace() -> Iterator[None]:
         cluster("node-grace", "default")
 
 
-def node_is_ready(core: client.CoreV1Api, node: str) -> bool:
-    conditions = core.read_node(node).status.conditions or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
-
-
-def lighthouse_node(core: client.CoreV1Api, ns: str, job: str) -> str | None:
-    sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
-    nodes = [p.spec.node_name for p in core.list_namespaced_pod(ns, label_selector=sel).items if p.spec.node_name]
-    return nodes[0] if len(nodes) == 1 else None
-
-
 def test_a_dead_node_is_replaced_while_kubernetes_still_calls_it_ready(
     kube, namespace, operators, two_nodes, stock_node_grace
 ):
@@ -55,7 +46,8 @@ def test_a_dead_node_is_replaced_while_kubernetes_still_calls_it_ready(
     set_unschedulable(kube.core, node_b, True)
     create_job(kube.custom, namespace, job_manifest("dn", replicas=1, minReplicas=1))
     wait_for(lambda: len(running_groups(kube.core, namespace, "dn")) == 1, 120, "group 0 running")
-    assert wait_for(lambda: lighthouse_node(kube.core, namespace, "dn"), 120, "the lighthouse scheduled") == node_a
+    lighthouse = wait_for(lambda: lighthouse_scheduled(kube.core, namespace, "dn"), 120, "the lighthouse scheduled")
+    assert lighthouse.spec.node_name == node_a
     set_unschedulable(kube.core, node_a, True)
     set_unschedulable(kube.core, node_b, False)
     patch_job(kube.custom, namespace, "dn", {"spec": {"replicas": 3}})
@@ -77,7 +69,7 @@ def test_a_dead_node_is_replaced_while_kubernetes_still_calls_it_ready(
         return new if len(new) == 2 else None
 
     replacements = wait_for(replaced, 60, "replacements of groups 1 and 2 created")
-    assert node_is_ready(kube.core, node_b), "the replacements must not wait for Kubernetes to mark the node NotReady"
+    assert node_ready(kube.core, node_b), "the replacements must not wait for Kubernetes to mark the node NotReady"
     for pod in replacements:
         terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
         assert any(e.values == [node_b] and e.operator == "NotIn" for t in terms for e in t.match_expressions), pod

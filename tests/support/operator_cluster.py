@@ -187,6 +187,18 @@ def lighthouse_pod(core: client.CoreV1Api, ns: str, job: str) -> client.V1Pod:
     return pods[0]
 
 
+def node_ready(core: client.CoreV1Api, node: str) -> bool:
+    """Whether the API reports the node Ready (what Kubernetes believes, not whether the node answers)."""
+    return any(c.type == "Ready" and c.status == "True" for c in core.read_node(node).status.conditions or [])
+
+
+def lighthouse_scheduled(core: client.CoreV1Api, ns: str, job: str) -> client.V1Pod | None:
+    """The job's one lighthouse pod once the scheduler has placed it (None before, or while there are two)."""
+    sel = f"{contract.LABEL_JOB}={job},{contract.LABEL_ROLE}={contract.ROLE_LIGHTHOUSE}"
+    pods = [p for p in core.list_namespaced_pod(ns, label_selector=sel).items if p.spec.node_name]
+    return pods[0] if len(pods) == 1 else None
+
+
 def secret_value(core: client.CoreV1Api, ns: str, name: str, key: str) -> str | None:
     """A key of a Secret, decoded; None when the Secret does not exist."""
     try:
