@@ -116,6 +116,15 @@ def test_with_the_sketch_check_a_misreported_norm_names_the_group(tmp_path: Path
     assert_reported(lh, "norm_mismatch")
 
 
+def test_with_the_sketch_check_healthy_groups_are_never_refused(tmp_path: Path, procs: list, clean_digest: str):
+    """Healthy groups, every step checked: no refusal, and the same parameters as without the check."""
+    _, workers, done = run_job(tmp_path, procs, None, SKETCH_ON)
+    for w, d in zip(workers, done, strict=True):
+        refused = [e for e in w.events("step") if not e["committed"]]
+        assert refused == [] and d["metrics"]["failed_commits"] == 0, (w.group, refused)
+        assert d["digest"] == clean_digest, f"group {w.group} does not end where the run without the check ends"
+
+
 def start_hsdp_group(procs: list, tmp_path: Path, url: str, group: str, env: dict[str, str]) -> list[Worker]:
     port = str(free_port())
     args = ("--world-size", "2", "--master-port", port, *WORKER_ARGS)
