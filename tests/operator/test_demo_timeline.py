@@ -3,8 +3,6 @@ the group drop out, and the PNG draws it."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -14,14 +12,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def demo_timeline() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(REPO / "hack" / "lib"))  # where hack/demo imports it from
-    try:
-        import demo_timeline
+def demo_timeline() -> ModuleType:
+    from hack.lib import demo_timeline
 
-        yield demo_timeline
-    finally:
-        sys.path.remove(str(REPO / "hack" / "lib"))
+    return demo_timeline
 
 
 def sample(dt: ModuleType, t: float, present: dict[str, str]) -> object:

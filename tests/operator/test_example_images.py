@@ -3,8 +3,6 @@ pull policy that never asks a registry (no cluster: hack/clusterlib's naming aga
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,14 +15,10 @@ EXAMPLES = sorted((REPO / "crds" / "examples").glob("*.yaml")) + sorted((REPO / 
 
 
 @pytest.fixture(scope="module")
-def images() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(REPO / "hack"))  # where hack/cluster imports clusterlib from
-    try:
-        from clusterlib import images
+def images() -> ModuleType:
+    from clusterlib import images  # hack/ is on pytest's pythonpath: hack/cluster's own package
 
-        yield images
-    finally:
-        sys.path.remove(str(REPO / "hack"))
+    return images
 
 
 def needs_gpu(path: Path) -> bool:
