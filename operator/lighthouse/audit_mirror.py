@@ -28,7 +28,7 @@ EVENTS = {
     "leave": ("Normal", "LighthouseGroupLeft"),
 }
 INTEGRITY_WORDS = ("gradient_guard", "divergent", "stalled")  # evictions worth a Warning
-HANDED_OVER = "handed_over"  # the lighthouse's drop reason for an incarnation a planned hand-over replaced
+GONE = "refused 410"  # the lighthouse's answer to an incarnation it dropped (evicted, handed over, left)
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,9 @@ def event_for(record: AuditRecord, generation: int) -> AuditEvent:
     type_, reason = EVENTS.get(record.kind, ("Normal", "LighthouseAudit"))
     if record.kind == "evict" and any(word in record.reason for word in INTEGRITY_WORDS):
         type_ = "Warning"
-    if record.kind == "refused" and HANDED_OVER in record.reason:
-        # the old incarnation of a group moved make-before-break, knocking once more: the hand-over working
+    if record.kind == "refused" and record.outcome.startswith(GONE):
+        # an incarnation already evicted or handed over, knocking once more: the consequence of a drop that has its
+        # own Event (a Warning where it was one), not a new problem
         type_, reason = "Normal", "OutdatedIncarnationRefused"
     who = f"replica group {record.group}: " if record.group is not None else ""
     message = f"{who}{record.reason} -> {record.outcome} (by {record.actor}; lighthouse audit #{record.seq})"

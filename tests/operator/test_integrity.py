@@ -287,9 +287,15 @@ def test_the_stall_rule_settings_reach_the_lighthouse_pod():
     assert (lh[contract.ENV_STALL_FACTOR], lh[contract.ENV_STALL_FLOOR_S]) == ("0", "2.5")
 
 
-def test_an_outdated_incarnation_refused_after_a_hand_over_is_routine():
-    handed_over = record(1, "refused", "1", "GET /v1/watch: group '1' incarnation 'ab' was handed_over: migrating")
-    unauthenticated = record(2, "refused", None, "401 unauthenticated")
-    routine, warning = event_for(handed_over, 1), event_for(unauthenticated, 1)
-    assert (routine.type, routine.reason) == ("Normal", "OutdatedIncarnationRefused")
-    assert (warning.type, warning.reason) == ("Warning", "LighthouseRefused")
+def test_an_outdated_incarnation_refused_after_its_drop_is_routine():
+    gone = "GET /v1/watch: group '1' incarnation 'ab' was {}"
+    records = [
+        record(1, "refused", "1", gone.format("handed_over: migrating")).model_copy(update={"outcome": "refused 410"}),
+        record(2, "refused", "1", gone.format("evicted; restart")).model_copy(update={"outcome": "refused 410"}),
+        record(3, "refused", None, "401 unauthenticated").model_copy(update={"outcome": "refused 401"}),
+    ]
+    assert [(event_for(r, 1).type, event_for(r, 1).reason) for r in records] == [
+        ("Normal", "OutdatedIncarnationRefused"),
+        ("Normal", "OutdatedIncarnationRefused"),
+        ("Warning", "LighthouseRefused"),
+    ]

@@ -33,7 +33,13 @@ from tests.support.trainer_runs import check_run, training_job
 pytestmark = pytest.mark.cluster
 
 STEPS = 200
-AUDIT_REASONS = {"GradientGuardRefused", "ReplicaDivergent", "LighthouseRefused", "LighthouseEvictedGroup"}
+AUDIT_REASONS = {
+    "GradientGuardRefused",
+    "ReplicaDivergent",
+    "LighthouseRefused",
+    "OutdatedIncarnationRefused",
+    "LighthouseEvictedGroup",
+}
 
 
 class JobObserver:
