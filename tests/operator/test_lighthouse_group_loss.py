@@ -1,10 +1,11 @@
 """Losing the lighthouse together with groups costs each lost group exactly one replacement: the real reference
 trainer under the operator, three groups, and in each round the lighthouse pod force-deleted in one call with one
-group's pod. A force-deleted pod's process may outlive its pod for a moment and
+group's pod or two groups' pods. A force-deleted pod's process may outlive its pod for a moment and
 reach the replacement lighthouse; it belongs to a replaced generation, so the lighthouse refuses it (or evicts it as
 outdated) and whatever happens to it is charged to nobody: every lost group's generation rises by exactly one per
 loss, no group is restarted as Stalled or HeartbeatLost, no healthy group is evicted or replaced, and the job
-Succeeds with every sample trained once and equal parameters everywhere."""
+Succeeds with every sample trained once and equal parameters everywhere (less a quorum of dying processes that
+committed a step among themselves on the old lighthouse: a dead branch nobody inherits)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 JOB = "lgl"
 GROUPS = 3
-STEPS = 900  # 0.2 s a step: about three minutes, long enough for every round below to land mid-run
-ROUNDS: list[tuple[int, ...]] = [(1,), (2,), (0,)]  # the groups lost with the lighthouse, round by round
+STEPS = 1200  # 0.2 s a step: about four minutes, long enough for every round below to land mid-run
+ROUNDS: list[tuple[int, ...]] = [(1,), (1, 2), (0,), (0, 2), (2,)]  # lost with the lighthouse, round by round
 STEPS_PER_ROUND = 20  # training goes on this far past a loss before the next one
 MARGIN = 150  # a round starts only this far from the end (else the run was too short for the test to mean anything)
 
@@ -43,6 +44,8 @@ def manifest(records: Path) -> dict[str, Any]:
     # A replacement lighthouse waits this long from the first group's return for the others: long enough that a
     # surviving group still reconnecting is not left out of a step (it would then diverge from the others)
     m["spec"]["lighthouse"]["joinTimeoutSeconds"] = 10
+    # a group lost in several rounds is a deliberate loss each time, not a crash loop for the budget to stop
+    m["spec"].setdefault("failurePolicy", {})["maxRestartsPerGroup"] = len(ROUNDS)
     return m
 
 
@@ -138,4 +141,4 @@ def test_losing_the_lighthouse_with_groups_replaces_each_lost_group_once(kube, n
     assert by_reason == {"LighthouseFailed": len(ROUNDS), "PodDeleted": sum(losses.values())}, by_reason
     restarted = {str(g) for g in losses}
     check_run(records, {str(g) for g in range(GROUPS)}, STEPS, restarted,
-              start_counts={str(g): n + 1 for g, n in losses.items()})  # fmt: skip
+              start_counts={str(g): n + 1 for g, n in losses.items()}, dead_branches=True)  # fmt: skip

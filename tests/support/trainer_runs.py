@@ -41,12 +41,59 @@ def training_job(name: str, steps: int, records: Path, workers_on: str | None = 
     return m
 
 
+Records = list[StartRecord | CommitRecord | FinishedRecord]
+
+
+def without_dead_branches(by_group: dict[str, Records]) -> tuple[dict[str, Records], list[CommitRecord]]:
+    """The run records less the commits of a quorum that died whole: (the records kept, the commits dropped).
+
+    A pod force-deleted with its lighthouse lives on for the kubelet's kill grace (about 2 s), and so does the old
+    lighthouse; processes that were all being killed can still commit a step among themselves while the survivors
+    commit the same step, in another quorum, on the replacement. Nothing of that branch survives (the replacement
+    lighthouse refuses replaced generations, so no one heals from them). Where a step's commits disagree on the quorum
+    (contributors, participants) and exactly one of those quorums lives on (one of its incarnations is its group's
+    last, or commits a later step that is kept), the others are dropped: none of their incarnations ever committed
+    again."""
+    segments: list[tuple[str, Records, bool]] = []
+    for group, recs in by_group.items():
+        cuts = [i for i, r in enumerate(recs) if isinstance(r, StartRecord)] or [0]
+        parts = [recs[a:b] for a, b in itertools.pairwise([*cuts, len(recs)])]
+        segments += [(group, part, i == len(parts) - 1) for i, part in enumerate(parts)]
+    by_step: dict[int, list[tuple[int, CommitRecord]]] = {}
+    for index, (_, part, _) in enumerate(segments):
+        for r in part:
+            if isinstance(r, CommitRecord):
+                by_step.setdefault(r.step, []).append((index, r))
+    goes_on = [last for _, _, last in segments]  # the incarnation is its group's last or commits later (kept)
+    dead: set[int] = set()  # id() of the dropped commits
+    for step in sorted(by_step, reverse=True):
+        quorums: dict[tuple[int, int, int, int], list[tuple[int, CommitRecord]]] = {}
+        for index, c in by_step[step]:
+            quorums.setdefault((c.cursor, c.step_samples, c.num_contributors, c.participants), []).append((index, c))
+        living = [q for q in quorums.values() if any(goes_on[i] for i, _ in q)]
+        if len(quorums) > 1 and len(living) == 1:
+            dead.update(id(c) for q in quorums.values() if q is not living[0] for _, c in q)
+        for index, c in by_step[step]:
+            if id(c) not in dead:
+                goes_on[index] = True
+    kept = {group: [r for r in recs if id(r) not in dead] for group, recs in by_group.items()}
+    dropped = [r for recs in by_group.values() for r in recs if id(r) in dead]
+    return kept, dropped
+
+
 def check_run(records: Path, groups: set[str], steps: int, restarted: set[str],
-              start_counts: Mapping[str, int] | None = None) -> dict[str, list[CommitRecord]]:  # fmt: skip
+              start_counts: Mapping[str, int] | None = None,
+              dead_branches: bool = False) -> dict[str, list[CommitRecord]]:  # fmt: skip
     """Exactly-once samples, no step committed twice or skipped without a heal, every group at the last step with one
     digest, and only the groups in ``restarted`` started twice (``start_counts``: how often each group named there
-    started, for a group replaced more than once). Returns the commits by group."""
+    started, for a group replaced more than once). ``dead_branches``: first drop the commits of quorums that died
+    whole (:func:`without_dead_branches`), for runs that force-delete the lighthouse with groups. Returns the commits
+    by group."""
     by_group = read_run_dir(records)
+    if dead_branches:
+        by_group, dropped = without_dead_branches(by_group)
+        if dropped:
+            print(f"dropped a dead branch: {[(c.group, c.step, c.num_contributors) for c in dropped]}")
     assert set(by_group) == groups, f"run records of groups {sorted(by_group)}, expected {sorted(groups)}"
     cov = sample_coverage(by_group)
     assert (cov.dropped, cov.duplicated, cov.inconsistent_steps, cov.shard_errors) == (0, 0, [], []), cov
