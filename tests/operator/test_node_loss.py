@@ -7,13 +7,10 @@ import pytest
 
 from tests.support.cluster import cluster
 from tests.support.operator_cluster import (
-    create_job,
     get_job,
     job_manifest,
-    lighthouse_scheduled,
-    patch_job,
+    place_by_cordoning,
     running_groups,
-    set_unschedulable,
 )
 from tests.support.polling import wait_for
 
@@ -23,20 +20,8 @@ pytestmark = pytest.mark.cluster
 def test_lost_node_replaces_only_its_group_elsewhere(kube, namespace, operators, two_nodes):
     node_a, node_b = two_nodes
     operators()
-    # Placement by cordoning: the lighthouse and group 0 on node A, then group 1 alone on node B.
-    set_unschedulable(kube.core, node_b, True)
-    create_job(kube.custom, namespace, job_manifest("nl", replicas=1))
-    wait_for(lambda: len(running_groups(kube.core, namespace, "nl")) == 1, 120, "group 0 running")
-    # The lighthouse starts beside group 0, not before it: wait for it too (it is on node A once scheduled).
-    lighthouse = wait_for(lambda: lighthouse_scheduled(kube.core, namespace, "nl"), 120, "the lighthouse scheduled")
-    assert lighthouse.spec.node_name == node_a
-    set_unschedulable(kube.core, node_a, True)
-    set_unschedulable(kube.core, node_b, False)
-    patch_job(kube.custom, namespace, "nl", {"spec": {"replicas": 2}})
-    before = wait_for(lambda: (g := running_groups(kube.core, namespace, "nl")) and len(g) == 2 and g, 120,
-                      "group 1 running on node B")  # fmt: skip
-    assert before[0][0].spec.node_name == node_a and before[1][0].spec.node_name == node_b
-    set_unschedulable(kube.core, node_a, False)
+    # the lighthouse and group 0 on node A, group 1 alone on node B
+    before = place_by_cordoning(kube, namespace, job_manifest("nl", replicas=1), node_a, node_b, replicas=2)
     victim = before[1][0].metadata.name
 
     cluster("cut-node", node_b)

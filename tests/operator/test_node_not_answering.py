@@ -12,13 +12,10 @@ from kubernetes import client
 
 from tests.support.cluster import cluster
 from tests.support.operator_cluster import (
-    create_job,
     get_job,
-    lighthouse_scheduled,
     node_ready,
-    patch_job,
+    place_by_cordoning,
     running_groups,
-    set_unschedulable,
 )
 from tests.support.polling import wait_for
 from tests.support.trainer_runs import training_job
@@ -43,19 +40,9 @@ def test_a_dead_node_is_replaced_while_kubernetes_still_calls_it_ready(
 ):
     node_a, node_b = two_nodes
     operators()
-    # Placement by cordoning: the lighthouse and group 0 on node A, then groups 1 and 2 on node B.
-    set_unschedulable(kube.core, node_b, True)
-    create_job(kube.custom, namespace, training_job("dn", STEPS, records, replicas=1, minReplicas=1))
-    wait_for(lambda: len(running_groups(kube.core, namespace, "dn")) == 1, 120, "group 0 running")
-    lighthouse = wait_for(lambda: lighthouse_scheduled(kube.core, namespace, "dn"), 120, "the lighthouse scheduled")
-    assert lighthouse.spec.node_name == node_a
-    set_unschedulable(kube.core, node_a, True)
-    set_unschedulable(kube.core, node_b, False)
-    patch_job(kube.custom, namespace, "dn", {"spec": {"replicas": 3}})
-    before = wait_for(lambda: (g := running_groups(kube.core, namespace, "dn")) and len(g) == 3 and g, 120,
-                      "groups 1 and 2 running on node B")  # fmt: skip
-    assert [before[i][0].spec.node_name for i in range(3)] == [node_a, node_b, node_b]
-    set_unschedulable(kube.core, node_a, False)
+    # the lighthouse and group 0 on node A, groups 1 and 2 on node B
+    manifest = training_job("dn", STEPS, records, replicas=1, minReplicas=1)
+    before = place_by_cordoning(kube, namespace, manifest, node_a, node_b, replicas=3)
 
     # every group in the operator's view of the quorum: it has seen each one join before the node dies
     def quorum_size() -> int | None:

@@ -199,6 +199,28 @@ def lighthouse_scheduled(core: client.CoreV1Api, ns: str, job: str) -> client.V1
     return pods[0] if len(pods) == 1 else None
 
 
+def place_by_cordoning(kube: Any, ns: str, manifest: dict[str, Any], node_a: str, node_b: str, replicas: int
+                       ) -> dict[int, list[client.V1Pod]]:  # fmt: skip
+    """Create the job so that its lighthouse and group 0 run on ``node_a`` and groups 1.. on ``node_b``: one group with
+    ``node_b`` cordoned, then scaled to ``replicas`` with ``node_a`` cordoned. Returns the running groups."""
+    job = manifest["metadata"]["name"]
+    manifest["spec"]["replicas"] = 1
+    set_unschedulable(kube.core, node_b, True)
+    create_job(kube.custom, ns, manifest)
+    wait_for(lambda: len(running_groups(kube.core, ns, job)) == 1, 120, "group 0 running")
+    # The lighthouse starts beside group 0, not before it: wait for it too (it is on node A once scheduled).
+    lighthouse = wait_for(lambda: lighthouse_scheduled(kube.core, ns, job), 120, "the lighthouse scheduled")
+    assert lighthouse.spec.node_name == node_a
+    set_unschedulable(kube.core, node_a, True)
+    set_unschedulable(kube.core, node_b, False)
+    patch_job(kube.custom, ns, job, {"spec": {"replicas": replicas}})
+    groups = wait_for(lambda: (g := running_groups(kube.core, ns, job)) and len(g) == replicas and g, 120,
+                      f"groups 1..{replicas - 1} running on node B")  # fmt: skip
+    assert [groups[i][0].spec.node_name for i in range(replicas)] == [node_a] + [node_b] * (replicas - 1)
+    set_unschedulable(kube.core, node_a, False)
+    return groups
+
+
 def secret_value(core: client.CoreV1Api, ns: str, name: str, key: str) -> str | None:
     """A key of a Secret, decoded; None when the Secret does not exist."""
     try:
