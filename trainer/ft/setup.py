@@ -27,6 +27,15 @@ def _env_number(name: str, kind: type[float] | type[int], default: float) -> Any
         raise ValueError(f"env {name}={raw!r} is not a number") from None
 
 
+def no_job_environment() -> str:
+    """What to do when a script calls ``init()`` outside any job: one line naming the variable and the launchers."""
+    return (
+        f"ftjob.ft.init(): no job environment ({contract.ENV_LIGHTHOUSE_URL} is not set): run the script in a "
+        "FaultTolerantTrainingJob's pods, or locally with `ftjob-trainer launch --replicas 2 -- python <script>`, "
+        "or pass lighthouse_url= to ftjob.ft.init()"
+    )
+
+
 def init(
     *,
     device: str | None = None,
@@ -46,6 +55,9 @@ def init(
     ``gradient_guard`` (env FTJOB_GRADIENT_GUARD), ``guard_norm_ratio`` (FTJOB_GUARD_NORM_RATIO), ``guard_sketch``
     (FTJOB_GUARD_SKETCH) and ``digest_every`` (FTJOB_DIGEST_EVERY).
 
+    Outside a job (no ``FTJOB_LIGHTHOUSE_URL`` and no ``lighthouse_url=``) it raises RuntimeError at once, naming the
+    variable and the launchers, instead of waiting for a lighthouse nobody started.
+
     SIGTERM (the pod deleted or evicted) is handled from the first step on, by the session's Manager: the group
     leaves the job after the step in flight and the process exits 143 (ftjob.ft.step.termination) -- unless the script
     installed a SIGTERM handler of its own by then, which is left alone. Before the first step it ends the process
@@ -54,6 +66,8 @@ def init(
     global _current
     if _current is not None:
         raise RuntimeError("ftjob.ft.init() was already called in this process")
+    if contract.ENV_LIGHTHOUSE_URL not in os.environ and "lighthouse_url" not in manager:
+        raise RuntimeError(no_job_environment())
     env = contract.WorkerEnv.from_environ()
     guard = GuardConfig.from_environ()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

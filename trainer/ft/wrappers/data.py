@@ -10,7 +10,7 @@ from ftjob.ft.step.manager import QuorumInfo
 from ftjob.ft.step.session import Session, StepSamples
 from ftjob.ft.wrappers.sharding import SampleOrder, step_shard
 from pydantic import BaseModel, ConfigDict
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 
 class LoaderState(BaseModel):
@@ -50,6 +50,13 @@ class DataLoader:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         session: Session | None = None,
     ) -> None:
+        if isinstance(dataset, IterableDataset) or not all(hasattr(dataset, a) for a in ("__len__", "__getitem__")):
+            # a committed step names its samples by position in the stream, which an iterable cannot seek to
+            raise TypeError(
+                f"ftjob.ft.DataLoader needs a map-style dataset (len() and dataset[i]), not {type(dataset).__name__}: "
+                "a retried step or a healing group must re-read samples by index; wrap the samples in a "
+                "torch.utils.data.Dataset that indexes them"
+            )
         if (batch_size is None) == (global_batch_size is None):
             raise ValueError("give exactly one of batch_size (per rank and pass) or global_batch_size")
         if accumulation_steps < 1 or (steps is not None and steps < 1) or (epochs is not None and epochs < 1):
