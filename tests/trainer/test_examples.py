@@ -137,3 +137,15 @@ def test_plain_ddp_loop_becomes_fault_tolerant_by_changing_setup_lines_only(tmp_
     assert rc == 0, report
     assert_clean(report, 3, 8192 // (32 * 3))  # one epoch of global batches
     _assert_one_kill_healed(report)
+
+
+def test_the_readme_command_without_pacing_succeeds_whether_or_not_the_victim_is_back_in_time(tmp_path: Path) -> None:
+    """The toy loop may end before its killed group's new process has imported torch: the run still succeeds, and
+    the report names the group as not needed rather than calling its missing digest a divergence."""
+    rc, report = launch(tmp_path, "--replicas=3", "--kill-at=20", command=(PY, _example("ddp/fault_tolerant.py")))
+    assert rc == 0 and report.ok, report.problems
+    victim_back = report.rejoin_seconds[0] is not None
+    assert victim_back or len(report.not_needed_groups) == 1, (report.rejoin_seconds, report.not_needed_groups)
+    finished = [(g.final_step, g.param_digest) for g in report.groups if g.group not in report.not_needed_groups]
+    steps = 8192 // (32 * 3)  # one epoch of global batches
+    assert len(finished) >= 2 and set(finished) == {(steps, finished[0][1])} and finished[0][1], finished

@@ -86,6 +86,31 @@ def test_unequal_digests_are_flagged(tmp_path: Path) -> None:
     assert not build_report(tmp_path, events, ["0", "1", "2"], t_end=115.0).digests_equal
 
 
+def test_a_killed_group_back_only_after_the_others_finished_is_not_needed_not_a_failure(tmp_path: Path) -> None:
+    events = _fake_run(tmp_path)
+    path = group_log_path(tmp_path, "2")
+    first_life = [r.model_dump_json() for r in read_group_log(path) if r.t < 104.5]  # killed, never back
+    path.write_text("\n".join(first_life) + "\n")
+    assert not build_report(tmp_path, events, ["0", "1", "2"], t_end=114.0).ok  # (the launcher did not say so)
+    events.not_needed.append("2")
+    report = build_report(tmp_path, events, ["0", "1", "2"], t_end=114.0)
+    assert report.ok and report.digests_equal and report.not_needed_groups == ["2"], report.problems
+    assert report.rejoin_seconds == [None]
+
+
+def test_shares_that_do_not_tile_a_step_fail_the_run(tmp_path: Path) -> None:
+    events = _fake_run(tmp_path)
+    assert build_report(tmp_path, events, ["0", "1", "2"], t_end=114.0).ok
+    step3 = next(
+        r for r in read_group_log(group_log_path(tmp_path, "1")) if isinstance(r, CommitRecord) and r.step == 3
+    )
+    _write(
+        tmp_path, "1", [json.loads(step3.model_copy(update={"shard_start": step3.shard_start + 1}).model_dump_json())]
+    )
+    report = build_report(tmp_path, events, ["0", "1", "2"], t_end=114.0)
+    assert not report.ok and report.problems == ["steps whose shares do not tile them: [3]"]
+
+
 def test_timeline_png_is_written(tmp_path: Path) -> None:
     events = _fake_run(tmp_path)
     records = read_run_dir(tmp_path)

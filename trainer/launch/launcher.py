@@ -173,22 +173,26 @@ class Launcher:
         for group, at in list(self.restart_at.items()):
             if time.monotonic() >= at:
                 del self.restart_at[group]
-                if self.finished and not self.running:
-                    continue  # nobody left to heal from: a restart now could never rejoin
+                if self.finished and not self.running:  # nobody left to heal from: a restart could never rejoin
+                    self.events.not_needed.append(group)
+                    print(f"[launch] group {group} not restarted: every other group has finished (not needed)",
+                          flush=True)  # fmt: skip
+                    continue
                 self.events.restarts[group] += 1
                 self._start(group)
                 print(f"[launch] restarted group {group} (generation {self.generation[group] - 1})", flush=True)
 
     def _give_up_stranded(self) -> None:
-        """Groups restarted too late: every other group finished and exited, so no quorum can ever form for them."""
+        """Groups restarted too late: every other group finished and exited, so no quorum can ever form for them; the
+        job is done without them."""
         if not self.finished:
             return
         stranded = [g for g in self.running if not self.progress.contributing_since_start(g)]
         if len(self.finished) + len(stranded) == len(self.groups):
             for g in stranded:
                 self.running.pop(g).kill()
-                self.events.stranded.append(g)
-                print(f"[launch] group {g} restarted after the others finished: nobody left to heal from", flush=True)
+                self.events.not_needed.append(g)
+                print(f"[launch] group {g} stopped: it restarted after the others finished (not needed)", flush=True)
 
     def run(self) -> LaunchReport:
         c = self.cfg
@@ -280,4 +284,8 @@ def main(a: argparse.Namespace, command: list[str]) -> int:
         f"rejoin {report.rejoin_seconds}",
         flush=True,
     )
+    if report.not_needed_groups:
+        print(f"[launch] finished without groups {report.not_needed_groups}: killed, and back only after the others "
+              "had finished (a longer run gives them time to rejoin)", flush=True)  # fmt: skip
+    print(f"[launch] {'OK' if report.ok else 'FAILED: ' + '; '.join(report.problems)}", flush=True)
     return 0 if report.ok else 1

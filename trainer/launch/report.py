@@ -26,7 +26,7 @@ class LaunchEvents:
     kills: list[tuple[float, str]] = field(default_factory=list)  # injected SIGKILLs
     crashes: list[tuple[float, str, list[int | None]]] = field(default_factory=list)  # exits nobody injected
     restarts: dict[str, int] = field(default_factory=dict)
-    stranded: list[str] = field(default_factory=list)  # restarted after every other group had finished
+    not_needed: list[str] = field(default_factory=list)  # killed groups whose restart came after the others finished
     evictions: list[tuple[float, str, str]] = field(default_factory=list)  # exits the lighthouse caused, and why
     lighthouse: StatusResponse | None = None  # its last status, read when every group was done
 
@@ -55,9 +55,10 @@ class LaunchReport(BaseModel):
 
     steps_committed: int
     groups: list[GroupResult]
-    digests_equal: bool  # every group ended with bitwise-equal parameters
+    digests_equal: bool  # every group that trained to the end ended with bitwise-equal parameters
     failures_injected: int
-    stranded_groups: list[str]
+    # killed groups the run finished without: every other group had trained to the end before they could rejoin
+    not_needed_groups: list[str]
     unexpected_exits: list[UnexpectedExit]
     evictions: list[Eviction] = []  # unexpected exits the lighthouse caused (integrity checks, the operator's API)
     integrity: IntegrityStatus | None = None  # the lighthouse's gradient-guard and digest counts at the end
@@ -72,10 +73,22 @@ class LaunchReport(BaseModel):
     wall_seconds: float
 
     @property
-    def ok(self) -> bool:
-        """Equal parameters everywhere and every sample trained exactly once."""
+    def problems(self) -> list[str]:
+        """What broke a promise, one phrase each: empty for a run with equal parameters in every group that trained
+        to the end and every sample trained exactly once, in steps whose shares tile them."""
         s = self.samples
-        return self.digests_equal and s.dropped == 0 and s.duplicated == 0
+        found = [] if self.digests_equal else ["digests differ"]
+        found += [f"{n} samples {what}" for n, what in ((s.dropped, "dropped"), (s.duplicated, "duplicated")) if n]
+        if s.inconsistent_steps:
+            found.append(f"steps trained over different samples: {s.inconsistent_steps}")
+        if s.shard_errors:
+            found.append(f"steps whose shares do not tile them: {s.shard_errors}")
+        return found
+
+    @property
+    def ok(self) -> bool:
+        """No :attr:`problems`."""
+        return not self.problems
 
 
 def build_report(run_dir: Path, events: LaunchEvents, groups: list[str], t_end: float) -> LaunchReport:
@@ -88,7 +101,7 @@ def build_report(run_dir: Path, events: LaunchEvents, groups: list[str], t_end: 
         rejoins.append(rj)
         survivors = [tl for g, tl in timelines.items() if g != victim]
         stalls.append(survivor_stall(survivors, t_kill, t_kill + rj if rj is not None else t_end))
-    digests = [timelines[g].param_digest for g in groups]
+    digests = [timelines[g].param_digest for g in groups if g not in events.not_needed]
     corpus = {r.corpus_digest for recs in records.values() for r in recs if isinstance(r, StartRecord)}
     losses = [tl.final_loss for tl in timelines.values() if tl.final_loss is not None]
     return LaunchReport(
@@ -102,9 +115,9 @@ def build_report(run_dir: Path, events: LaunchEvents, groups: list[str], t_end: 
             )
             for g in groups
         ],
-        digests_equal=len(set(digests)) == 1 and None not in digests,
+        digests_equal=len(set(digests)) == 1 and None not in digests,  # (a run that lost every group has none)
         failures_injected=len(events.kills),
-        stranded_groups=events.stranded,
+        not_needed_groups=events.not_needed,
         unexpected_exits=[UnexpectedExit(t=t - events.t0, group=g, exit_codes=c) for t, g, c in events.crashes],
         evictions=[Eviction(t=t - events.t0, group=g, reason=why) for t, g, why in events.evictions],
         integrity=events.lighthouse.integrity if events.lighthouse else None,
