@@ -33,6 +33,15 @@ from ftjob.launch.run_records import group_timeline
 from ftjob.launch.status import LighthouseStatus, LiveProgress
 
 
+class LaunchFailure(RuntimeError):
+    """The launcher gives the run up: restarting cannot help. The report is still written, with this as its failure;
+    ``details`` (e.g. a failing rank's last lines) are printed, not reported."""
+
+    def __init__(self, message: str, details: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.details = details or []
+
+
 class Launcher:
     """Runs one local job to the end; ``run()`` returns its report."""
 
@@ -55,6 +64,8 @@ class Launcher:
         ca = self.tls_files.get(pki.CA_CERT)
         self.status = LighthouseStatus(self.url, self.operator_token, client_context(str(ca)) if ca else None)
         self.progress = LiveProgress(cfg.run_dir)
+        self.failed_before_any_commit: dict[str, list[str]] = {}  # group -> its failing rank's last lines
+        self.killed: set[str] = set()  # groups whose last death was an injected kill (not a crash of their own)
 
     def _issue_tls(self) -> dict[str, Path]:
         """A throwaway CA for this run: the lighthouse's certificate names loopback, the workers' the job's worker
@@ -126,6 +137,7 @@ class Launcher:
 
     def _kill(self, group: str) -> None:
         self.running.pop(group).kill()
+        self.killed.add(group)
         self.events.kills.append((time.time(), group))
         self.restart_at[group] = time.monotonic() + self.cfg.restart_delay
         print(f"[launch] SIGKILL group {group}", flush=True)
@@ -148,12 +160,15 @@ class Launcher:
                 gp.kill()
                 del self.running[group]
                 self.events.crashes.append((time.time(), group, codes))
+                self.killed.discard(group)
                 evicted = self.status.eviction_since(group, self.progress.last_start.get(group, 0.0))
                 if evicted is not None:  # the lighthouse dropped it and its process exited on the 410
                     self.events.evictions.append((time.time(), group, evicted))
                     print(f"[launch] group {group} was evicted by the lighthouse: {evicted}", flush=True)
+                self.failed_before_any_commit[group] = gp.error_tail()
+                self._give_up_if_every_group_fails_alike()
                 if sum(1 for _, g, _ in self.events.crashes if g == group) > self.cfg.max_crashes:
-                    raise RuntimeError(
+                    raise LaunchFailure(
                         f"group {group} exited unexpectedly more than --max-crashes {self.cfg.max_crashes} times "
                         f"(last exit codes {codes}); see {self.cfg.run_dir / 'logs'}"
                     )
@@ -169,14 +184,27 @@ class Launcher:
                 self.finished.add(group)
                 print(f"[launch] group {group} finished", flush=True)
 
+    def _give_up_if_every_group_fails_alike(self) -> None:
+        """Before the job's first commit, every group exited ending with the same line: a broken script or
+        environment, which no restart fixes (a rank's last line, e.g. the exception, says what is wrong)."""
+        if self.progress.max_step() > 0 or self.progress.last_commit:
+            self.failed_before_any_commit.clear()  # the job trained: a later crash is a fault, not the setup
+            return
+        tails = self.failed_before_any_commit
+        if set(tails) != set(self.groups) or len({tuple(t[-1:]) for t in tails.values()}) != 1:
+            return
+        tail = tails[self.groups[0]]
+        raise LaunchFailure(
+            f"every group failed the same way before the first step: {tail[-1] if tail else '(no output)'}",
+            [f"group {self.groups[0]}'s last lines:", *(f"    {line}" for line in tail)],
+        )
+
     def _restart_due(self) -> None:
         for group, at in list(self.restart_at.items()):
             if time.monotonic() >= at:
                 del self.restart_at[group]
                 if self.finished and not self.running:  # nobody left to heal from: a restart could never rejoin
-                    self.events.not_needed.append(group)
-                    print(f"[launch] group {group} not restarted: every other group has finished (not needed)",
-                          flush=True)  # fmt: skip
+                    self._leave_out(group, "not restarted: every other group has finished")
                     continue
                 self.events.restarts[group] += 1
                 self._start(group)
@@ -191,8 +219,14 @@ class Launcher:
         if len(self.finished) + len(stranded) == len(self.groups):
             for g in stranded:
                 self.running.pop(g).kill()
-                self.events.not_needed.append(g)
-                print(f"[launch] group {g} stopped: it restarted after the others finished (not needed)", flush=True)
+                self._leave_out(g, "stopped: it restarted after the others finished")
+
+    def _leave_out(self, group: str, what: str) -> None:
+        """The run ends without ``group``: not needed if the launcher killed it, a failure if it crashed itself."""
+        if group in self.killed:
+            self.events.not_needed.append(group)
+        print(f"[launch] group {group} {what} ({'not needed' if group in self.killed else 'it did not finish'})",
+              flush=True)  # fmt: skip
 
     def run(self) -> LaunchReport:
         c = self.cfg
@@ -216,7 +250,7 @@ class Launcher:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within --timeout {c.timeout}s; logs in {c.run_dir}/logs")
                 if lh_proc.poll() is not None:
-                    raise RuntimeError(f"the lighthouse exited ({lh_proc.returncode}); see {c.run_dir}/logs")
+                    raise LaunchFailure(f"the lighthouse exited ({lh_proc.returncode}); see {c.run_dir}/logs")
                 self._reap()
                 self._restart_due()
                 self._give_up_stranded()
@@ -234,6 +268,9 @@ class Launcher:
                 self.progress.maybe_print(c.steps)
                 time.sleep(0.05)  # the poll interval of this supervision loop, not a synchronisation
             self.events.lighthouse = self.status.status()  # its integrity counts and audit, for the report
+        except LaunchFailure as e:
+            self.events.failure = str(e)
+            print("\n".join([f"[launch] giving up: {e}", *e.details]), flush=True)
         finally:
             # A second SIGTERM (e.g. `timeout` forwarding its own) must not cut this cleanup short.
             signal.signal(signal.SIGTERM, signal.SIG_IGN)

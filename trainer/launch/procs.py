@@ -29,6 +29,7 @@ class GroupProcs:
     generation: int
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[IO[bytes]] = field(default_factory=list)
+    log_paths: list[Path] = field(default_factory=list)
 
     def exit_codes(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
@@ -39,6 +40,17 @@ class GroupProcs:
     def failed(self) -> bool:
         """A rank died with a non-zero code (a SIGKILL reads as -9): the group must go as a whole."""
         return any(c not in (None, 0) for c in self.exit_codes())
+
+    def error_tail(self, lines: int = 12) -> list[str]:
+        """The last non-empty lines of the first rank that exited non-zero (what it said before dying)."""
+        for code, path in zip(self.exit_codes(), self.log_paths, strict=True):
+            if code not in (None, 0):
+                try:
+                    text = path.read_text(errors="replace")
+                except OSError:
+                    return []
+                return [line for line in text.splitlines() if line.strip()][-lines:]
+        return []
 
     def kill(self) -> None:
         """SIGKILL every rank's whole process group (ranks may have children) and reap them."""
@@ -87,8 +99,10 @@ def start_group(
             contract.ENV_ADVERTISE_ADDR: "127.0.0.1",
             "OMP_NUM_THREADS": "1",
         }
-        log = open(log_dir / f"group-{group}-gen{generation}-rank{rank}.log", "ab")  # noqa: SIM115 -- kept by gp
+        path = log_dir / f"group-{group}-gen{generation}-rank{rank}.log"
+        log = open(path, "ab")  # noqa: SIM115 -- kept by gp
         gp.logs.append(log)
+        gp.log_paths.append(path)
         gp.procs.append(
             subprocess.Popen(
                 command,

@@ -29,6 +29,7 @@ class LaunchEvents:
     not_needed: list[str] = field(default_factory=list)  # killed groups whose restart came after the others finished
     evictions: list[tuple[float, str, str]] = field(default_factory=list)  # exits the lighthouse caused, and why
     lighthouse: StatusResponse | None = None  # its last status, read when every group was done
+    failure: str | None = None  # why the launcher gave the run up, if it did
 
 
 class GroupResult(BaseModel):
@@ -71,13 +72,19 @@ class LaunchReport(BaseModel):
     corpus_digests_equal: bool
     final_loss: float | None
     wall_seconds: float
+    failure: str | None = None  # why the launcher gave the run up (e.g. every group failing before its first step)
 
     @property
     def problems(self) -> list[str]:
         """What broke a promise, one phrase each: empty for a run with equal parameters in every group that trained
         to the end and every sample trained exactly once, in steps whose shares tile them."""
         s = self.samples
-        found = [] if self.digests_equal else ["digests differ"]
+        found = [self.failure] if self.failure else []  # (then no group trained to the end: no digests to compare)
+        unfinished = [g.group for g in self.groups if g.param_digest is None and g.group not in self.not_needed_groups]
+        if unfinished and not self.failure:
+            found.append(f"groups that did not finish: {unfinished}")
+        elif not self.digests_equal and not self.failure:
+            found.append("digests differ")
         found += [f"{n} samples {what}" for n, what in ((s.dropped, "dropped"), (s.duplicated, "duplicated")) if n]
         if s.inconsistent_steps:
             found.append(f"steps trained over different samples: {s.inconsistent_steps}")
@@ -130,6 +137,7 @@ def build_report(run_dir: Path, events: LaunchEvents, groups: list[str], t_end: 
         corpus_digests_equal=len(corpus) <= 1,
         final_loss=(sum(losses) / len(losses)) if losses else None,
         wall_seconds=t_end - events.t0,
+        failure=events.failure,
     )
 
 
