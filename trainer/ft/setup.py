@@ -27,7 +27,7 @@ def _env_number(name: str, kind: type[float] | type[int], default: float) -> Any
         raise ValueError(f"env {name}={raw!r} is not a number") from None
 
 
-def no_job_environment() -> str:
+def _no_job_environment() -> str:
     """What to do when a script calls ``init()`` outside any job: one line naming the variable and the launchers."""
     return (
         f"ftjob.ft.init(): no job environment ({contract.ENV_LIGHTHOUSE_URL} is not set): run the script in a "
@@ -67,7 +67,7 @@ def init(
     if _current is not None:
         raise RuntimeError("ftjob.ft.init() was already called in this process")
     if contract.ENV_LIGHTHOUSE_URL not in os.environ and "lighthouse_url" not in manager:
-        raise RuntimeError(no_job_environment())
+        raise RuntimeError(_no_job_environment())
     env = contract.WorkerEnv.from_environ()
     guard = GuardConfig.from_environ()
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -165,8 +165,7 @@ class Launcher:
                 if evicted is not None:  # the lighthouse dropped it and its process exited on the 410
                     self.events.evictions.append((time.time(), group, evicted))
                     print(f"[launch] group {group} was evicted by the lighthouse: {evicted}", flush=True)
-                self.failed_before_any_commit[group] = gp.error_tail()
-                self._give_up_if_every_group_fails_alike()
+                self._give_up_if_every_group_fails_alike(group, gp)
                 if sum(1 for _, g, _ in self.events.crashes if g == group) > self.cfg.max_crashes:
                     raise LaunchFailure(
                         f"group {group} exited unexpectedly more than --max-crashes {self.cfg.max_crashes} times "
@@ -184,13 +183,13 @@ class Launcher:
                 self.finished.add(group)
                 print(f"[launch] group {group} finished", flush=True)
 
-    def _give_up_if_every_group_fails_alike(self) -> None:
+    def _give_up_if_every_group_fails_alike(self, group: str, gp: GroupProcs) -> None:
         """Before the job's first commit, every group exited ending with the same line: a broken script or
         environment, which no restart fixes (a rank's last line, e.g. the exception, says what is wrong)."""
-        if self.progress.max_step() > 0 or self.progress.last_commit:
-            self.failed_before_any_commit.clear()  # the job trained: a later crash is a fault, not the setup
-            return
+        if self.progress.max_step() > 0:
+            return  # the job trained: a crash now is a fault, not the setup
         tails = self.failed_before_any_commit
+        tails[group] = gp.error_tail()
         if set(tails) != set(self.groups) or len({tuple(t[-1:]) for t in tails.values()}) != 1:
             return
         tail = tails[self.groups[0]]
